@@ -1,0 +1,1 @@
+"""The intent classifier: taxonomy, embedding backbone, MLP head, batched worker."""

@@ -1,0 +1,1 @@
+"""The long-running process and the CLI: sources, pipeline, state stores, configuration."""

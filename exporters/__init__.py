@@ -1,0 +1,1 @@
+"""Everything that leaves the process: metrics, the priority table, the engine client."""
