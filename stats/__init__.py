@@ -1,4 +1,4 @@
-"""Pure computation: event contract, conversation tracking, rolling statistics, forecast, simulators.
+"""Pure computation: events, conversations, rolling statistics, forecast, simulators.
 
 Nothing here performs network or file I/O; every module is deterministic.
 """

@@ -1,0 +1,112 @@
+"""Command-line flags shared by the commands that run the statistics (``replay``, ``run``).
+
+Every flag also reads a ``KVCAST_*`` environment variable (shown in ``--help``); flags win
+over the environment, which wins over the defaults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from kvcast.stats.config import StatsConfig
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_DEFAULTS = StatsConfig()
+
+# (flag, StatsConfig field, click type, help)
+_STATS_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
+    ("--block-size", "block_size", click.IntRange(min=1), "Tokens per KV block."),
+    (
+        "--completion-timeout",
+        "completion_timeout_s",
+        click.FloatRange(min=0, min_open=True),
+        "Seconds of event time after a conversation's last turn before it counts as completed.",
+    ),
+    (
+        "--allowed-lateness",
+        "allowed_lateness_s",
+        click.FloatRange(min=0),
+        "Seconds an event may arrive behind the newest event time and still count.",
+    ),
+    ("--max-turn", "max_turn", click.IntRange(min=1), "Turns above this share its state."),
+    (
+        "--window-conversations",
+        "window_conversations",
+        click.IntRange(min=1),
+        "Completed conversations the statistics window holds at least.",
+    ),
+    (
+        "--window-max-age",
+        "window_max_age_s",
+        click.FloatRange(min=0, min_open=True),
+        "Oldest completed conversation (seconds of event time) the window may hold.",
+    ),
+    (
+        "--rate-window",
+        "rate_window_s",
+        click.IntRange(min=1),
+        "Seconds of event time over which the conversation arrival rate is measured.",
+    ),
+    (
+        "--min-delay-samples",
+        "min_delay_samples",
+        click.IntRange(min=1),
+        "Delays a state needs before its own median reuse delay replaces the default.",
+    ),
+)
+
+
+def stats_options(command: F) -> F:
+    """Add the statistics flags; the command receives them as ``stats_config``."""
+    for flag, name, kind, help_text in reversed(_STATS_FLAGS):
+        command = click.option(
+            flag,
+            name,
+            type=kind,
+            default=getattr(_DEFAULTS, name),
+            show_default=True,
+            show_envvar=True,
+            help=help_text,
+        )(command)
+    return command
+
+
+def pop_stats_config(kwargs: dict[str, Any]) -> StatsConfig:
+    """Remove the statistics flags from ``kwargs`` and build the validated config."""
+    values = {name: kwargs.pop(name) for _, name, _, _ in _STATS_FLAGS}
+    try:
+        return StatsConfig(**values)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def capacity_options(command: F) -> F:
+    """Flags describing the cache being forecast: capacity, block size handled by stats."""
+    command = click.option(
+        "--kv-bytes-per-token",
+        type=click.IntRange(min=1),
+        default=None,
+        show_envvar=True,
+        help="KV cache bytes per token (capacities are then also reported in bytes).",
+    )(command)
+    command = click.option(
+        "--instances",
+        type=click.IntRange(min=1),
+        default=1,
+        show_default=True,
+        show_envvar=True,
+        help="Prefill instances behind session-affine routing; each sees lambda0/instances.",
+    )(command)
+    command = click.option(
+        "--capacity-blocks",
+        type=click.IntRange(min=1),
+        default=2275,
+        show_default=True,
+        show_envvar=True,
+        help="KV cache capacity of one instance, in blocks (default: the paper's 40 GB prefiller).",
+    )(command)
+    return command

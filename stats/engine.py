@@ -1,0 +1,88 @@
+"""The statistics engine: validated events in, snapshots out (SPEC sections 2-3).
+
+Combines the conversation tracker, the completed-conversation window and the arrival
+counters. Pure and deterministic: the same events in any order within the allowed lateness
+give the same snapshot once the input is finished.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from kvcast.stats.arrivals import ArrivalStats
+from kvcast.stats.config import StatsConfig
+from kvcast.stats.conversations import ConversationTracker, Outcome
+from kvcast.stats.events import Event
+from kvcast.stats.snapshot import Snapshot, take_snapshot
+from kvcast.stats.window import StatsWindow
+
+# Window expiry runs after this many completions (its cost is per bucket, not per event).
+EXPIRE_EVERY_COMPLETIONS = 1024
+
+
+@dataclass
+class EventCounters:
+    """What happened to the events offered: processed (accepted), rejected by reason, duplicates."""
+
+    processed: int = 0
+    duplicates: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "processed": self.processed,
+            "rejected": sum(self.rejected.values()),
+            "rejected_by_reason": dict(sorted(self.rejected.items())),
+            "duplicates": self.duplicates,
+        }
+
+
+class StatsEngine:
+    """Tracks conversations and keeps the rolling statistics of one instance."""
+
+    def __init__(self, config: StatsConfig) -> None:
+        self.config = config
+        self.tracker = ConversationTracker(config)
+        self.window = StatsWindow(config)
+        self.arrivals = ArrivalStats(config.rate_window_s)
+        self.counters = EventCounters()
+        self._completions_since_expiry = 0
+
+    def apply(self, event: Event, intent: str) -> Outcome:
+        """Apply one validated event labelled with ``intent``."""
+        outcome, completed = self.tracker.observe(event, intent)
+        if outcome == "accepted":
+            self.counters.processed += 1
+            self.arrivals.observe(event)
+        elif outcome == "duplicate":
+            self.counters.duplicates += 1
+        else:
+            self.counters.rejected[outcome] += 1
+        for conversation in completed:
+            self.window.add(conversation)
+        self._completions_since_expiry += len(completed)
+        if self._completions_since_expiry >= EXPIRE_EVERY_COMPLETIONS:
+            self._completions_since_expiry = 0
+            self.window.expire(self.tracker.watermark)
+        return outcome
+
+    def reject(self, reason: str) -> None:
+        """Count an event that failed validation before reaching the engine."""
+        self.counters.rejected[reason] += 1
+
+    def finish(self) -> None:
+        """End of a finite input: complete every open conversation."""
+        for conversation in self.tracker.flush():
+            self.window.add(conversation)
+
+    def merge(self, other: StatsEngine) -> None:
+        """Add another instance's completed statistics (its open conversations stay its own)."""
+        self.window.merge(other.window)
+        self.arrivals.merge(other.arrivals)
+
+    def snapshot(self, now_s: float | None = None) -> Snapshot:
+        """Statistics of the current window; ``now_s`` defaults to the newest event time."""
+        if now_s is None and self.tracker.newest_event_time > float("-inf"):
+            now_s = self.tracker.newest_event_time
+        return take_snapshot(self.window, self.arrivals, self.config, now_s)

@@ -1,0 +1,248 @@
+"""The event contract (schema version 1): one served request, validated.
+
+``parse_event`` turns raw bytes, text or an already-decoded mapping into an :class:`Event`,
+or raises :class:`EventRejected` whose ``reason`` is one of :data:`REJECT_REASONS` (a bounded
+set, safe as a metric label) and whose ``detail`` says which field was wrong and how. The
+detail never echoes user text.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+SCHEMA_VERSION = 1
+MAX_EVENT_BYTES = 1 << 20
+MAX_SESSION_ID_CHARS = 256
+MAX_ID_CHARS = 512
+MAX_LABEL_CHARS = 128
+MAX_TURN = 1_000_000
+MAX_TOKENS = 1_000_000_000
+MAX_BLOCK_HASHES = 1_000_000
+
+REJECT_REASONS: tuple[str, ...] = (
+    "oversized",
+    "invalid_json",
+    "not_an_object",
+    "unsupported_schema",
+    "missing_field",
+    "wrong_type",
+    "out_of_range",
+    "non_finite",
+    "cached_exceeds_input",
+    "too_late",
+)
+
+
+class EventRejected(ValueError):
+    """An event that breaks the contract. ``reason`` is a bounded label, ``detail`` explains."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(slots=True)
+class Event:
+    """One served request. Times in seconds of event time, sizes in tokens."""
+
+    session_id: str
+    turn: int
+    timestamp: float
+    input_tokens: int
+    output_tokens: int
+    request_id: str
+    intent: str | None = None
+    cached_tokens: int | None = None
+    prompt: str | None = None
+    messages: list[dict[str, str]] | None = None
+    type: str | None = None
+    instance: str | None = None
+    block_hashes: list[int | str] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The event as a contract-shaped mapping (None fields left out)."""
+        out: dict[str, Any] = {}
+        for name in self.__slots__:  # type: ignore[attr-defined]
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        return out
+
+
+def parse_event(raw: bytes | bytearray | memoryview | str | dict[str, Any]) -> Event:
+    """Validate one event; raise :class:`EventRejected` naming the first problem found."""
+    if isinstance(raw, dict):
+        obj: Any = raw
+    else:
+        if isinstance(raw, str):
+            raw = raw.encode("utf-8", "surrogatepass")
+        if len(raw) > MAX_EVENT_BYTES:
+            raise EventRejected("oversized", f"{len(raw)} bytes exceeds {MAX_EVENT_BYTES}")
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise EventRejected("invalid_json", _json_error(exc)) from None
+    if not isinstance(obj, dict):
+        raise EventRejected("not_an_object", f"expected a JSON object, got {_kind(obj)}")
+    return _from_mapping(obj)
+
+
+def _from_mapping(obj: dict[str, Any]) -> Event:
+    schema = obj.get("schema", SCHEMA_VERSION)
+    if schema != SCHEMA_VERSION or isinstance(schema, bool):
+        raise EventRejected(
+            "unsupported_schema", f"field 'schema': version {schema!r} is not {SCHEMA_VERSION}"
+        )
+    session_id = _string(obj, "session_id", MAX_SESSION_ID_CHARS, required=True)
+    turn = _int(obj, "turn", 1, MAX_TURN, required=True)
+    timestamp = _time(obj, "timestamp")
+    input_tokens = _int(obj, "input_tokens", 0, MAX_TOKENS, required=True)
+    output_tokens = _int(obj, "output_tokens", 0, MAX_TOKENS, required=True)
+    cached_tokens = _int(obj, "cached_tokens", 0, MAX_TOKENS, required=False)
+    if cached_tokens is not None and cached_tokens > input_tokens:
+        raise EventRejected(
+            "cached_exceeds_input",
+            f"field 'cached_tokens': {cached_tokens} exceeds input_tokens {input_tokens}",
+        )
+    request_id = _string(obj, "request_id", MAX_ID_CHARS, required=False)
+    return Event(
+        session_id=session_id,  # type: ignore[arg-type]
+        turn=turn,  # type: ignore[arg-type]
+        timestamp=timestamp,
+        input_tokens=input_tokens,  # type: ignore[arg-type]
+        output_tokens=output_tokens,  # type: ignore[arg-type]
+        request_id=request_id if request_id is not None else f"{session_id}\x1f{turn}",
+        intent=_string(obj, "intent", MAX_LABEL_CHARS, required=False),
+        cached_tokens=cached_tokens,
+        prompt=_text(obj, "prompt"),
+        messages=_messages(obj),
+        type=_string(obj, "type", MAX_LABEL_CHARS, required=False),
+        instance=_string(obj, "instance", MAX_ID_CHARS, required=False),
+        block_hashes=_block_hashes(obj),
+    )
+
+
+def _missing(field: str) -> EventRejected:
+    return EventRejected("missing_field", f"field '{field}' is required")
+
+
+def _string(obj: dict[str, Any], field: str, max_chars: int, *, required: bool) -> str | None:
+    value = obj.get(field)
+    if value is None:
+        if required:
+            raise _missing(field)
+        return None
+    if not isinstance(value, str):
+        raise EventRejected("wrong_type", f"field '{field}': expected a string, got {_kind(value)}")
+    if not 1 <= len(value) <= max_chars:
+        raise EventRejected(
+            "out_of_range", f"field '{field}': length {len(value)} is not within 1..{max_chars}"
+        )
+    return value
+
+
+def _int(obj: dict[str, Any], field: str, low: int, high: int, *, required: bool) -> int | None:
+    value = obj.get(field)
+    if value is None:
+        if required:
+            raise _missing(field)
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise EventRejected("non_finite", f"field '{field}': {value!r} is not finite")
+        raise EventRejected(
+            "wrong_type", f"field '{field}': expected an integer, got {_kind(value)}"
+        )
+    if not low <= value <= high:
+        raise EventRejected("out_of_range", f"field '{field}': {value} is not within {low}..{high}")
+    return value
+
+
+def _time(obj: dict[str, Any], field: str) -> float:
+    value = obj.get(field)
+    if value is None:
+        raise _missing(field)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise EventRejected("wrong_type", f"field '{field}': expected a number, got {_kind(value)}")
+    try:
+        value = float(value)
+    except OverflowError:
+        value = math.inf
+    if not math.isfinite(value):
+        raise EventRejected("non_finite", f"field '{field}': not a finite number of seconds")
+    if value < 0:
+        raise EventRejected("out_of_range", f"field '{field}': {value} is negative")
+    return value
+
+
+def _text(obj: dict[str, Any], field: str) -> str | None:
+    value = obj.get(field)
+    if value is None or isinstance(value, str):
+        return value
+    raise EventRejected("wrong_type", f"field '{field}': expected a string, got {_kind(value)}")
+
+
+def _messages(obj: dict[str, Any]) -> list[dict[str, str]] | None:
+    value = obj.get("messages")
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise EventRejected("wrong_type", f"field 'messages': expected a list, got {_kind(value)}")
+    for index, message in enumerate(value):
+        if not (
+            isinstance(message, dict)
+            and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str)
+        ):
+            raise EventRejected(
+                "wrong_type",
+                f"field 'messages[{index}]': expected an object with string 'role' and 'content'",
+            )
+    return value
+
+
+def _block_hashes(obj: dict[str, Any]) -> list[int | str] | None:
+    value = obj.get("block_hashes")
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise EventRejected(
+            "wrong_type", f"field 'block_hashes': expected a list, got {_kind(value)}"
+        )
+    if len(value) > MAX_BLOCK_HASHES:
+        raise EventRejected(
+            "out_of_range", f"field 'block_hashes': {len(value)} ids exceed {MAX_BLOCK_HASHES}"
+        )
+    for index, block in enumerate(value):
+        if isinstance(block, bool) or not isinstance(block, int | str):
+            raise EventRejected(
+                "wrong_type",
+                f"field 'block_hashes[{index}]': expected an integer or string, got {_kind(block)}",
+            )
+    return value
+
+
+def _kind(value: object) -> str:
+    """JSON name of a value's type, for messages (never the value itself)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def _json_error(exc: orjson.JSONDecodeError) -> str:
+    return f"not valid UTF-8 JSON ({exc.msg} at position {exc.pos})"

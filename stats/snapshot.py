@@ -1,0 +1,164 @@
+"""Read the window: per-state statistics (the IAC table rows) and the workload sample.
+
+``P(t+1 | i, t) = continued / reached``; ``mu``, ``sigma``: mean and maximum-likelihood
+standard deviation (dividing by n) of log delay over the state; median reuse delay
+``exp(mu)`` seconds. Thin states fall back to the configured defaults (SPEC section 3):
+a state nobody reached gets the default continuation probability; a state with fewer than
+``min_delay_samples`` delays gets the default median.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvcast.stats.arrivals import ArrivalStats
+from kvcast.stats.config import StatsConfig
+from kvcast.stats.sample import IntentMoments, WorkloadSample
+from kvcast.stats.window import Bucket, StateSums, StatsWindow
+
+# Delays below this (s) are floored before taking logs; zero gaps happen with coarse clocks.
+MIN_LOG_DELAY_S = 1e-3
+
+
+@dataclass(frozen=True, slots=True)
+class StateStats:
+    """One (intent, turn) state of the window. Delays in seconds."""
+
+    intent: str
+    turn: int
+    p_continue: float
+    median_reuse_s: float
+    mu: float | None
+    sigma: float | None
+    conversations: int
+    continued: int
+    delay_samples: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "intent": self.intent,
+            "turn": self.turn,
+            "p_continue": self.p_continue,
+            "median_reuse_s": self.median_reuse_s,
+            "mu": self.mu,
+            "sigma": self.sigma,
+            "conversations": self.conversations,
+            "delay_samples": self.delay_samples,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What the window says now: table rows, the forecast's sample, and the window size."""
+
+    states: tuple[StateStats, ...]
+    sample: WorkloadSample
+    window_conversations: int
+    generated_at: float | None
+
+
+def take_snapshot(
+    window: StatsWindow,
+    arrivals: ArrivalStats,
+    config: StatsConfig,
+    now_s: float | None = None,
+) -> Snapshot:
+    """Aggregate the window's buckets; ``now_s`` is the event time the table is stamped with."""
+    total = Bucket()
+    for bucket in window.buckets_in_window(now_s):
+        total.merge(bucket)
+    intents = tuple(sorted(total.moments))
+    position = {intent: index for index, intent in enumerate(intents)}
+    count = len(total.delays)
+    delay_s = np.fromiter((d.delay_s for d in total.delays), np.float64, count)
+    prev_blocks = np.fromiter((d.prev_blocks for d in total.delays), np.int64, count)
+    intent = np.fromiter((position[d.intent] for d in total.delays), np.int32, count)
+    turn = np.fromiter((d.turn for d in total.delays), np.int32, count)
+    # Canonical order: the result must not depend on the order conversations completed in.
+    order = np.lexsort((prev_blocks, delay_s, turn, intent))
+    delay_s, prev_blocks, intent, turn = (
+        delay_s[order],
+        prev_blocks[order],
+        intent[order],
+        turn[order],
+    )
+    fits = _log_delay_fits(delay_s, intent, turn, intents)
+    states = tuple(
+        _state_stats(name, state_turn, sums, fits.get((name, state_turn)), config)
+        for (name, state_turn), sums in sorted(total.states.items())
+    )
+    sample = WorkloadSample(
+        intents=intents,
+        by_intent=tuple(
+            IntentMoments(
+                conversations=m.conversations,
+                sum_R=float(m.sum_R),
+                sum_H=float(m.sum_H),
+                sum_H_hash=float(m.sum_H_hash),
+                sum_B=float(m.sum_B),
+                sum_M=float(m.sum_M),
+            )
+            for m in (total.moments[name] for name in intents)
+        ),
+        delay_s=delay_s,
+        prev_blocks=prev_blocks,
+        intent=intent,
+        turn=turn,
+        lambda0=arrivals.lambda0(),
+        observed_hit_ratio=arrivals.observed_hit_ratio(),
+    )
+    return Snapshot(
+        states=states,
+        sample=sample,
+        window_conversations=total.conversations,
+        generated_at=now_s,
+    )
+
+
+def _log_delay_fits(
+    delay_s: np.ndarray, intent: np.ndarray, turn: np.ndarray, intents: tuple[str, ...]
+) -> dict[tuple[str, int], tuple[int, float, float]]:
+    """(intent, turn) -> (samples, mu, sigma) of log delay; input sorted by (intent, turn)."""
+    if delay_s.size == 0:
+        return {}
+    log_delay = np.log(np.maximum(delay_s, MIN_LOG_DELAY_S))
+    boundary = np.flatnonzero((np.diff(intent) != 0) | (np.diff(turn) != 0)) + 1
+    starts = np.concatenate(([0], boundary))
+    counts = np.diff(np.concatenate((starts, [delay_s.size])))
+    mu = np.add.reduceat(log_delay, starts) / counts
+    deviation = log_delay - np.repeat(mu, counts)
+    sigma = np.sqrt(np.add.reduceat(deviation * deviation, starts) / counts)
+    return {
+        (intents[intent[s]], int(turn[s])): (int(n), float(m), float(g))
+        for s, n, m, g in zip(starts, counts, mu, sigma, strict=True)
+    }
+
+
+def _state_stats(
+    intent: str,
+    turn: int,
+    sums: StateSums,
+    fit: tuple[int, float, float] | None,
+    config: StatsConfig,
+) -> StateStats:
+    p_continue = sums.continued / sums.reached if sums.reached > 0 else config.default_p_continue
+    delay_samples, mu, sigma = fit if fit is not None else (0, None, None)
+    median = (
+        math.exp(mu)
+        if mu is not None and delay_samples >= config.min_delay_samples
+        else config.default_median_reuse_s
+    )
+    return StateStats(
+        intent=intent,
+        turn=turn,
+        p_continue=p_continue,
+        median_reuse_s=median,
+        mu=mu,
+        sigma=sigma,
+        conversations=sums.reached,
+        continued=sums.continued,
+        delay_samples=delay_samples,
+    )
