@@ -7,7 +7,9 @@ import click
 from kvcast.daemon.commands import COMMANDS
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "KVCAST"})
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "KVCAST"}
+)
 @click.version_option(package_name="kvcast")
 def cli() -> None:
     """kvcast: forecast the prefix-cache hit ratio of a multi-turn LLM serving cluster

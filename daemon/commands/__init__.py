@@ -4,4 +4,9 @@ from __future__ import annotations
 
 import click
 
-COMMANDS: list[click.Command] = []
+from kvcast.daemon.commands.forecast import forecast
+from kvcast.daemon.commands.generate import generate_command
+from kvcast.daemon.commands.replay import replay
+from kvcast.daemon.commands.simulate import simulate_command
+
+COMMANDS: list[click.Command] = [replay, forecast, generate_command, simulate_command]

@@ -1,0 +1,1 @@
+"""Benchmarks and validation studies behind ``kvcast bench`` (figures measured, never assumed)."""

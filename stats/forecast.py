@@ -1,0 +1,430 @@
+"""The hit-ratio forecast from a ``WorkloadSample`` or from given moments (SPEC sec 4).
+
+Units: blocks (KV blocks of ``block_size`` tokens), seconds, conversations per second.
+
+Variants (all solved exactly by ``EmpiricalModel``; each revisit sample k gets a move weight
+w_k and a hit weight v_k):
+
+- ``paper``: single class, the paper's practical estimator: w = v = sum_H_hash / n.
+- ``paper_whole``: single class, displacement counts Algorithm 1's whole move: w = sum_H / n.
+- ``intent``: one class per intent, shared T_C: w = sum_H_c / n_c, v = sum_H_hash_c / n_c.
+- ``state``: one class per (intent, turn): w = mean R_t, v = mean max(R_t - 1, 0) there.
+- ``sample``: each revisit its own class: w = R_t, v = max(R_t - 1, 0).
+
+``displacement='whole'`` counts what Algorithm 1 moves (the tail block included); ``'hashable'``
+counts only the hashable blocks, as the paper does. ``paper`` is always hashable.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kvcast.stats.delays import DelayDistribution
+from kvcast.stats.meanfield import EmpiricalModel, HitRatioModel, single_class_model
+from kvcast.stats.sample import WorkloadSample
+
+VARIANTS = ("paper", "paper_whole", "intent", "state", "sample")
+DISPLACEMENTS = ("whole", "hashable")
+# The product's ``hit_ratio``: to be settled by measured error against simulation.
+DEFAULT_VARIANT = "intent"
+DEFAULT_DISPLACEMENT = "whole"
+
+
+@dataclass(frozen=True)
+class IntentForecast:
+    """One intent's moments and its own hit ratio A_H_hash_c F_c(T_C) / A_R_c at the shared T_C."""
+
+    intent: str
+    share: float
+    conversations: int
+    A_R: float
+    A_H_hash: float
+    E_B: float
+    E_M: float
+    hit_ratio: float
+    upper_bound: float
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    capacity_blocks: float
+    hit_ratio: float | None
+    characteristic_time_s: float | None
+
+
+@dataclass(frozen=True)
+class RequiredCapacity:
+    """Smallest whole number of blocks per instance reaching ``target``; bytes if known."""
+
+    target: float
+    blocks: int | None
+    bytes: int | None
+    status: str  # ok | unreachable | no_data | no_rate | zero_rate
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """A forecast for one instance of ``instances``; ``to_dict()`` is the JSON contract.
+
+    ``status``: ok | no_data (no completed conversations) | no_rate (lambda0 unknown) |
+    zero_rate (lambda0 = 0) | no_reuse (nothing reusable: h = 0) | never_full (d(T) never
+    reaches N: everything stays resident). Without a rate nothing displaces: h = upper_bound.
+    """
+
+    status: str
+    variant: str
+    displacement: str
+    capacity_blocks: float
+    block_size: int
+    instances: int
+    hit_ratio: float | None = None
+    hit_ratio_single_class: float | None = None
+    upper_bound: float | None = None
+    characteristic_time_s: float | None = None
+    characteristic_time_single_class_s: float | None = None
+    lambda_per_s: float | None = None
+    lambda0: float | None = None
+    A_R: float | None = None
+    A_H_hash: float | None = None
+    A_H: float | None = None
+    E_B: float | None = None
+    E_M: float | None = None
+    conversations: int | None = None
+    delay_samples: int = 0
+    delay: str | None = None
+    observed_hit_ratio: float | None = None
+    by_intent: tuple[IntentForecast, ...] = ()
+    curve: tuple[CurvePoint, ...] | None = None
+    required_capacity: RequiredCapacity | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict: plain Python numbers, None in place of NaN/inf."""
+        return _json_safe(asdict(self))
+
+
+def _json_safe(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(x) else None
+    return x
+
+
+def _finite(x: float) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _validate(
+    capacity_blocks: float,
+    block_size: int,
+    instances: int,
+    lambda0: float | None,
+    capacities: Sequence[float] | None,
+    target: float | None,
+    kv_bytes_per_token: float | None,
+) -> None:
+    if not (math.isfinite(capacity_blocks) and capacity_blocks > 0):
+        raise ValueError(f"capacity_blocks must be > 0, got {capacity_blocks}")
+    if int(block_size) != block_size or block_size < 1:
+        raise ValueError(f"block_size must be a positive integer (tokens), got {block_size}")
+    if int(instances) != instances or instances < 1:
+        raise ValueError(f"instances must be a positive integer, got {instances}")
+    if lambda0 is not None and not (math.isfinite(lambda0) and lambda0 >= 0):
+        raise ValueError(f"lambda0 must be >= 0 conversations/s, got {lambda0}")
+    for c in capacities or ():
+        if not (math.isfinite(c) and c > 0):
+            raise ValueError(f"every capacity must be > 0 blocks, got {c}")
+    if target is not None and not (0 < target < 1):
+        raise ValueError(f"target hit ratio must be strictly between 0 and 1, got {target}")
+    if kv_bytes_per_token is not None and not (kv_bytes_per_token > 0):
+        raise ValueError(f"kv_bytes_per_token must be > 0, got {kv_bytes_per_token}")
+
+
+def _rate(lambda0: float | None, instances: int) -> tuple[float, str | None]:
+    """Per-instance rate (0 when unknown) and the rate status, if degenerate."""
+    if lambda0 is None:
+        return 0.0, "no_rate"
+    if lambda0 == 0:
+        return 0.0, "zero_rate"
+    return lambda0 / instances, None
+
+
+def revisit_weights(
+    sample: WorkloadSample, variant: str, displacement: str = DEFAULT_DISPLACEMENT
+) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+    """(W seconds, move weight w blocks, hit weight v blocks) per revisit for ``variant``."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
+    if displacement not in DISPLACEMENTS:
+        raise ValueError(f"displacement must be 'whole' or 'hashable', got {displacement!r}")
+    W = np.asarray(sample.delay_s, dtype=np.float64)
+    n = W.size
+    if n == 0:
+        return W, np.zeros(0), np.zeros(0)
+    prev = np.asarray(sample.prev_blocks, dtype=np.float64)
+    prev_hash = np.maximum(prev - 1.0, 0.0)
+    hashable = displacement == "hashable"
+    if variant in ("paper", "paper_whole"):
+        tot = sample.total()
+        move = tot.sum_H_hash if variant == "paper" or hashable else tot.sum_H
+        return W, np.full(n, move / n), np.full(n, tot.sum_H_hash / n)
+    if variant == "sample":
+        return W, (prev_hash if hashable else prev), prev_hash
+    if variant == "intent":
+        idx = np.asarray(sample.intent, dtype=np.intp)
+        m = len(sample.by_intent)
+        counts = np.bincount(idx, minlength=m).astype(np.float64)
+        h = np.array([b.sum_H_hash if hashable else b.sum_H for b in sample.by_intent])
+        hh = np.array([b.sum_H_hash for b in sample.by_intent])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return W, (h / counts)[idx], (hh / counts)[idx]
+    # state: (intent, turn) classes
+    key = np.asarray(sample.intent, dtype=np.int64) * (int(np.max(sample.turn)) + 1) + np.asarray(
+        sample.turn, dtype=np.int64
+    )
+    _, inv = np.unique(key, return_inverse=True)
+    cnt = np.bincount(inv).astype(np.float64)
+    mean_hash = (np.bincount(inv, weights=prev_hash) / cnt)[inv]
+    mean_prev = (np.bincount(inv, weights=prev) / cnt)[inv]
+    return W, (mean_hash if hashable else mean_prev), mean_hash
+
+
+def sample_model(
+    sample: WorkloadSample,
+    lam: float,
+    variant: str = DEFAULT_VARIANT,
+    displacement: str = DEFAULT_DISPLACEMENT,
+) -> EmpiricalModel:
+    """The exact mean-field model of ``sample`` at per-instance rate ``lam`` (1/s)."""
+    tot = sample.total()
+    L = tot.conversations
+    W, w, v = revisit_weights(sample, variant, displacement)
+    return EmpiricalModel(
+        W,
+        w,
+        v,
+        lam=lam,
+        E_B=tot.sum_B / L if L else 0.0,
+        A_R=tot.sum_R / L if L else 0.0,
+        L=L,
+    )
+
+
+def _required(
+    model: HitRatioModel,
+    target: float,
+    block_size: int,
+    kv_bytes_per_token: float | None,
+    degenerate: str | None,
+) -> RequiredCapacity:
+    if degenerate is not None:
+        return RequiredCapacity(target, None, None, degenerate)
+    n = model.required_capacity(target)
+    if n is None or not math.isfinite(n):
+        return RequiredCapacity(target, None, None, "unreachable")
+    blocks = math.ceil(n)
+    nbytes = None
+    if kv_bytes_per_token is not None:
+        nbytes = math.ceil(blocks * block_size * kv_bytes_per_token)
+    return RequiredCapacity(target, blocks, nbytes, "ok")
+
+
+def _assemble(
+    model: HitRatioModel,
+    single: HitRatioModel,
+    fields: dict[str, Any],
+    capacities: Sequence[float] | None,
+    target: float | None,
+    kv_bytes_per_token: float | None,
+    rate_status: str | None,
+) -> tuple[Forecast, float]:
+    """Solve at ``fields['capacity_blocks']`` (plus curve and target) and build the Forecast."""
+    n = fields["capacity_blocks"]
+    t_c = float(model.characteristic_time(n))
+    upper = model.upper_bound
+    status = rate_status or (
+        "no_reuse" if upper <= 0 else ("never_full" if not math.isfinite(t_c) else "ok")
+    )
+    curve = None
+    if capacities is not None:
+        ts, hs = model.curve(np.asarray(list(capacities), dtype=np.float64))
+        curve = tuple(
+            CurvePoint(float(c), float(h), _finite(t))
+            for c, t, h in zip(capacities, ts, hs, strict=True)
+        )
+    req = None
+    if target is not None:
+        req = _required(model, target, fields["block_size"], kv_bytes_per_token, rate_status)
+    forecast = Forecast(
+        status=status,
+        hit_ratio=float(model.hit_ratio(n)),
+        hit_ratio_single_class=float(single.hit_ratio(n)),
+        upper_bound=upper,
+        characteristic_time_s=_finite(t_c),
+        characteristic_time_single_class_s=_finite(float(single.characteristic_time(n))),
+        curve=curve,
+        required_capacity=req,
+        **fields,
+    )
+    return forecast, t_c
+
+
+def _by_intent(sample: WorkloadSample, t_c: float) -> tuple[IntentForecast, ...]:
+    L = sample.conversations
+    idx = np.asarray(sample.intent, dtype=np.intp)
+    m = len(sample.by_intent)
+    n_c = np.bincount(idx, minlength=m)
+    resident = np.bincount(idx[np.asarray(sample.delay_s) <= t_c], minlength=m)
+    out = []
+    for c, (name, mom) in enumerate(zip(sample.intents, sample.by_intent, strict=True)):
+        if mom.conversations <= 0:
+            continue
+        k = mom.conversations
+        f_c = resident[c] / n_c[c] if n_c[c] else 0.0
+        upper_c = mom.sum_H_hash / mom.sum_R if mom.sum_R > 0 else 0.0
+        out.append(
+            IntentForecast(
+                intent=name,
+                share=k / L,
+                conversations=k,
+                A_R=mom.sum_R / k,
+                A_H_hash=mom.sum_H_hash / k,
+                E_B=mom.sum_B / k,
+                E_M=mom.sum_M / k,
+                hit_ratio=upper_c * float(f_c),
+                upper_bound=upper_c,
+            )
+        )
+    return tuple(out)
+
+
+def forecast_from_sample(
+    sample: WorkloadSample,
+    capacity_blocks: float,
+    block_size: int = 16,
+    instances: int = 1,
+    *,
+    variant: str = DEFAULT_VARIANT,
+    displacement: str = DEFAULT_DISPLACEMENT,
+    capacities: Sequence[float] | None = None,
+    target: float | None = None,
+    kv_bytes_per_token: float | None = None,
+) -> Forecast:
+    """Forecast for one of ``instances`` instances of ``capacity_blocks`` blocks each.
+
+    ``hit_ratio`` uses ``variant``/``displacement``; ``hit_ratio_single_class`` is ``paper``.
+    """
+    lambda0 = sample.lambda0
+    _validate(
+        capacity_blocks, block_size, instances, lambda0, capacities, target, kv_bytes_per_token
+    )
+    if variant == "paper":
+        displacement = "hashable"
+    lam, rate_status = _rate(lambda0, instances)
+    tot = sample.total()
+    L = tot.conversations
+    fields: dict[str, Any] = dict(
+        variant=variant,
+        displacement=displacement,
+        capacity_blocks=capacity_blocks,
+        block_size=int(block_size),
+        instances=int(instances),
+        lambda_per_s=lam if lambda0 is not None else None,
+        lambda0=lambda0,
+        conversations=L,
+        delay_samples=int(np.asarray(sample.delay_s).size),
+        delay="empirical",
+        observed_hit_ratio=sample.observed_hit_ratio,
+    )
+    if L <= 0:
+        curve = None if capacities is None else tuple(CurvePoint(c, None, None) for c in capacities)
+        req = None if target is None else RequiredCapacity(target, None, None, "no_data")
+        return Forecast(status="no_data", curve=curve, required_capacity=req, **fields)
+    fields.update(
+        A_R=tot.sum_R / L,
+        A_H_hash=tot.sum_H_hash / L,
+        A_H=tot.sum_H / L,
+        E_B=tot.sum_B / L,
+        E_M=tot.sum_M / L,
+    )
+    model = sample_model(sample, lam, variant, displacement)
+    single = model if variant == "paper" else sample_model(sample, lam, "paper")
+    forecast, t_c = _assemble(
+        model, single, fields, capacities, target, kv_bytes_per_token, rate_status
+    )
+    return replace(forecast, by_intent=_by_intent(sample, t_c))
+
+
+def forecast_from_moments(
+    *,
+    lambda0: float | None,
+    A_R: float,
+    A_H_hash: float,
+    E_B: float,
+    delay: DelayDistribution,
+    capacity_blocks: float,
+    block_size: int = 16,
+    instances: int = 1,
+    A_H: float | None = None,
+    E_M: float | None = None,
+    displacement: str = "hashable",
+    capacities: Sequence[float] | None = None,
+    target: float | None = None,
+    kv_bytes_per_token: float | None = None,
+) -> Forecast:
+    """The paper's single-class forecast from moments (blocks) and a delay distribution F.
+
+    ``displacement='whole'`` moves ``A_H`` (required then) instead of ``A_H_hash``.
+    """
+    _validate(
+        capacity_blocks, block_size, instances, lambda0, capacities, target, kv_bytes_per_token
+    )
+    for name, val in (("A_R", A_R), ("A_H_hash", A_H_hash), ("E_B", E_B), ("A_H", A_H)):
+        if val is not None and not (math.isfinite(val) and val >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0 blocks, got {val}")
+    if A_R <= 0:
+        raise ValueError(f"A_R must be > 0 blocks, got {A_R}")
+    if A_H_hash > A_R:
+        raise ValueError(f"A_H_hash ({A_H_hash}) cannot exceed A_R ({A_R})")
+    if displacement not in DISPLACEMENTS:
+        raise ValueError(f"displacement must be 'whole' or 'hashable', got {displacement!r}")
+    if displacement == "whole" and A_H is None:
+        raise ValueError("displacement 'whole' needs A_H (mean sum_{j<M} R_j)")
+    lambda0 = None if lambda0 is None else float(lambda0)
+    lam, rate_status = _rate(lambda0, instances)
+    move = A_H if displacement == "whole" and A_H is not None else A_H_hash
+    kw = dict(lam=lam, E_B=E_B, A_R=A_R, A_hit=A_H_hash)
+    model = single_class_model(delay, A_move=move, **kw)
+    single = (
+        model if displacement == "hashable" else single_class_model(delay, A_move=A_H_hash, **kw)
+    )
+    fields = dict(
+        variant="paper" if displacement == "hashable" else "paper_whole",
+        displacement=displacement,
+        capacity_blocks=capacity_blocks,
+        block_size=int(block_size),
+        instances=int(instances),
+        lambda_per_s=lam if lambda0 is not None else None,
+        lambda0=lambda0,
+        A_R=A_R,
+        A_H_hash=A_H_hash,
+        A_H=A_H,
+        E_B=E_B,
+        E_M=E_M,
+        delay_samples=int(getattr(delay, "n", 0)),
+        delay=delay.describe(),
+    )
+    return _assemble(model, single, fields, capacities, target, kv_bytes_per_token, rate_status)[0]
