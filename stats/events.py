@@ -89,7 +89,68 @@ def parse_event(raw: bytes | bytearray | memoryview | str | dict[str, Any]) -> E
             raise EventRejected("invalid_json", _json_error(exc)) from None
     if not isinstance(obj, dict):
         raise EventRejected("not_an_object", f"expected a JSON object, got {_kind(obj)}")
-    return _from_mapping(obj)
+    return _fast_path(obj) or _from_mapping(obj)
+
+
+_SIMPLE_OPTIONAL = frozenset(
+    ("session_id", "turn", "timestamp", "input_tokens", "output_tokens", "request_id", "intent")
+)
+
+
+def _fast_path(obj: dict[str, Any]) -> Event | None:
+    """The common well-formed event, checked inline; None sends it to the detailed validator.
+
+    Exactly the checks of ``_from_mapping`` for events whose optional fields are simple (or
+    plain text/labels); anything unusual or wrong takes the slow path, which names the problem.
+    """
+    session_id = obj.get("session_id")
+    turn = obj.get("turn")
+    timestamp = obj.get("timestamp")
+    input_tokens = obj.get("input_tokens")
+    output_tokens = obj.get("output_tokens")
+    if not (
+        type(session_id) is str
+        and 0 < len(session_id) <= MAX_SESSION_ID_CHARS
+        and type(turn) is int
+        and 1 <= turn <= MAX_TURN
+        and type(input_tokens) is int
+        and 0 <= input_tokens <= MAX_TOKENS
+        and type(output_tokens) is int
+        and 0 <= output_tokens <= MAX_TOKENS
+        and type(timestamp) in (float, int)
+        and 0 <= timestamp < math.inf
+    ):
+        return None
+    request_id = obj.get("request_id")
+    intent = obj.get("intent")
+    cached_tokens = obj.get("cached_tokens")
+    prompt = obj.get("prompt")
+    if not (
+        (request_id is None or (type(request_id) is str and 0 < len(request_id) <= MAX_ID_CHARS))
+        and (intent is None or (type(intent) is str and 0 < len(intent) <= MAX_LABEL_CHARS))
+        and (
+            cached_tokens is None
+            or (type(cached_tokens) is int and 0 <= cached_tokens <= input_tokens)
+        )
+        and (prompt is None or type(prompt) is str)
+        and obj.get("schema", SCHEMA_VERSION) is SCHEMA_VERSION
+        and "messages" not in obj
+        and "type" not in obj
+        and "instance" not in obj
+        and "block_hashes" not in obj
+    ):
+        return None
+    return Event(
+        session_id=session_id,
+        turn=turn,
+        timestamp=float(timestamp),
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        request_id=request_id if request_id is not None else f"{session_id}\x1f{turn}",
+        intent=intent,
+        cached_tokens=cached_tokens,
+        prompt=prompt,
+    )
 
 
 def _from_mapping(obj: dict[str, Any]) -> Event:

@@ -213,10 +213,17 @@ def ground_truth(model: WorkloadModel) -> dict[str, IntentTruth]:
         delays = tuple(m.delay_at(t) for t in range(1, m.max_turns + 1))
         a_h = float(np.sum(reach[1:] * mean_r[:-1]))
         out[m.name] = IntentTruth(
-            intent=m.name, share=float(share), reach=reach, p_continue=p,
-            median_delay_s=np.array([d.median_s for d in delays]), mean_blocks=mean_r,
-            delays=delays, A_R=float(np.sum(reach * mean_r)), A_H=a_h,
-            A_H_hash=a_h - float(np.sum(reach[1:])), E_B=float(np.sum(stop * mean_r)),
+            intent=m.name,
+            share=float(share),
+            reach=reach,
+            p_continue=p,
+            median_delay_s=np.array([d.median_s for d in delays]),
+            mean_blocks=mean_r,
+            delays=delays,
+            A_R=float(np.sum(reach * mean_r)),
+            A_H=a_h,
+            A_H_hash=a_h - float(np.sum(reach[1:])),
+            E_B=float(np.sum(stop * mean_r)),
             E_M=float(np.sum(reach)),
         )
     return out
@@ -253,8 +260,12 @@ class Trace:
         from kvcast.stats.lru_sim import SimTrace
 
         return SimTrace(
-            conversation=self.conversation, turn=self.turn, timestamp=self.timestamp,
-            blocks=self.blocks, conversations=self.conversations, intent=self.intent,
+            conversation=self.conversation,
+            turn=self.turn,
+            timestamp=self.timestamp,
+            blocks=self.blocks,
+            conversations=self.conversations,
+            intent=self.intent,
             intent_names=self.intent_names,
         )
 
@@ -266,15 +277,21 @@ class Trace:
         """Event dicts of the SPEC section 2 contract, in timestamp order."""
         from kvcast.stats.generator_presets import prompt_text
 
-        cols = [a.tolist() for a in (self.turn, self.timestamp, self.input_tokens,
-                                     self.output_tokens, self.intent)]
+        cols = [
+            a.tolist()
+            for a in (self.turn, self.timestamp, self.input_tokens, self.output_tokens, self.intent)
+        ]
         choice = self.prompt_choice.tolist() if self.prompt_choice is not None else None
         cached = self.cached_tokens.tolist() if self.cached_tokens is not None else None
         for k, sid in enumerate(self.session_ids()):
             turn, ts, inp, outp, intent = (c[k] for c in cols)
             ev: dict[str, object] = {
-                "session_id": sid, "turn": turn, "timestamp": ts, "input_tokens": inp,
-                "output_tokens": outp, "request_id": f"{sid}:{turn}",
+                "session_id": sid,
+                "turn": turn,
+                "timestamp": ts,
+                "input_tokens": inp,
+                "output_tokens": outp,
+                "request_id": f"{sid}:{turn}",
                 "intent": self.intent_names[intent],
             }
             if choice is not None:
@@ -380,11 +397,17 @@ def generate(
 
     order = np.argsort(ts, kind="stable")
     trace = Trace(
-        conversation=conv_row[order], turn=turn_row[order], timestamp=ts[order],
-        input_tokens=input_tokens[order], output_tokens=output_tokens[order],
-        blocks=blocks[order], intent=ir[order].astype(np.int64),
-        intent_names=tuple(m.name for m in model.intents), block_size=block_size,
-        conversations=n, session_prefix=session_prefix,
+        conversation=conv_row[order],
+        turn=turn_row[order],
+        timestamp=ts[order],
+        input_tokens=input_tokens[order],
+        output_tokens=output_tokens[order],
+        blocks=blocks[order],
+        intent=ir[order].astype(np.int64),
+        intent_names=tuple(m.name for m in model.intents),
+        block_size=block_size,
+        conversations=n,
+        session_prefix=session_prefix,
         prompt_choice=None if choice is None else choice[order],
         meta={"lambda0": lambda0, "seed": seed, "duration_s": duration_s},
     )

@@ -17,27 +17,53 @@ from kvcast.stats.taxonomy import INTENTS_30
 
 
 def single() -> WorkloadModel:
-    m = IntentModel("general_explanations_definitions", p_continue=0.78, delay=Delay.exp(135.0),
-                    block_mean=3.0)
+    m = IntentModel(
+        "general_explanations_definitions", p_continue=0.78, delay=Delay.exp(135.0), block_mean=3.0
+    )
     return WorkloadModel((m,), (1.0,))
 
 
 def lognormal() -> WorkloadModel:
-    m = IntentModel("general_explanations_definitions", p_continue=0.78,
-                    delay=Delay.lognormal(4.6, 1.0), block_mean=3.0)
+    m = IntentModel(
+        "general_explanations_definitions",
+        p_continue=0.78,
+        delay=Delay.lognormal(4.6, 1.0),
+        block_mean=3.0,
+    )
     return WorkloadModel((m,), (1.0,))
 
 
 def mixed() -> WorkloadModel:
-    coding = IntentModel("code_debugging", p_continue=0.85, delay=Delay.exp(30.0), block_mean=4.0,
-                         first_block_mean=8.0, output_mean=400.0)
-    chat = IntentModel("chitchat", p_continue=0.45, delay=Delay.lognormal(6.4, 1.0),
-                       block_mean=2.0, output_mean=60.0)
-    writing = IntentModel("creative_writing", p_continue=(0.85, 0.75, 0.65, 0.55, 0.5),
-                          delay=(Delay.lognormal(4.0, 0.8), Delay.lognormal(4.6, 1.0)),
-                          block_mean=4.0, block_law="geometric", output_mean=600.0)
-    travel = IntentModel("travel_planning", p_continue=0.7, block_mean=3.0, output_mean=300.0,
-                         delay=tuple(Delay.exp(s) for s in (120.0, 180.0, 240.0, 360.0, 480.0)))
+    coding = IntentModel(
+        "code_debugging",
+        p_continue=0.85,
+        delay=Delay.exp(30.0),
+        block_mean=4.0,
+        first_block_mean=8.0,
+        output_mean=400.0,
+    )
+    chat = IntentModel(
+        "chitchat",
+        p_continue=0.45,
+        delay=Delay.lognormal(6.4, 1.0),
+        block_mean=2.0,
+        output_mean=60.0,
+    )
+    writing = IntentModel(
+        "creative_writing",
+        p_continue=(0.85, 0.75, 0.65, 0.55, 0.5),
+        delay=(Delay.lognormal(4.0, 0.8), Delay.lognormal(4.6, 1.0)),
+        block_mean=4.0,
+        block_law="geometric",
+        output_mean=600.0,
+    )
+    travel = IntentModel(
+        "travel_planning",
+        p_continue=0.7,
+        block_mean=3.0,
+        output_mean=300.0,
+        delay=tuple(Delay.exp(s) for s in (120.0, 180.0, 240.0, 360.0, 480.0)),
+    )
     return WorkloadModel((coding, chat, writing, travel), (0.3, 0.3, 0.2, 0.2))
 
 
@@ -75,14 +101,29 @@ _FIRST: dict[str, tuple[str, ...]] = {
     ),
 }
 _TOPICS: dict[str, tuple[str, ...]] = {
-    "code_debugging": ("Python parser", "React component", "SQL query", "Rust borrow checker fix",
-                       "bash script", "Go HTTP handler"),
+    "code_debugging": (
+        "Python parser",
+        "React component",
+        "SQL query",
+        "Rust borrow checker fix",
+        "bash script",
+        "Go HTTP handler",
+    ),
     "chitchat": ("a long walk", "my coffee", "a movie night", "work", "a nap"),
-    "creative_writing": ("a lighthouse keeper", "a lonely robot", "the last summer day",
-                         "a dragon who bakes bread"),
+    "creative_writing": (
+        "a lighthouse keeper",
+        "a lonely robot",
+        "the last summer day",
+        "a dragon who bakes bread",
+    ),
     "travel_planning": ("Kyoto", "the Scottish Highlands", "Lisbon", "Patagonia", "Vienna"),
-    "general_explanations_definitions": ("photosynthesis", "inflation", "a black hole",
-                                         "the immune system", "blockchain"),
+    "general_explanations_definitions": (
+        "photosynthesis",
+        "inflation",
+        "a black hole",
+        "the immune system",
+        "blockchain",
+    ),
 }
 _FOLLOW: tuple[str, ...] = (
     "Thanks. Can you go into more detail about {x}?",

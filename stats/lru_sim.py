@@ -69,9 +69,13 @@ class SimTrace:
             uniq, inv = np.unique(np.asarray(intent, dtype=object).astype(str), return_inverse=True)
             names, codes = tuple(uniq.tolist()), inv.reshape(-1).astype(np.int64)[order]
         return cls(
-            conversation=conv.reshape(-1).astype(np.int64)[order], turn=tn[order],
-            timestamp=ts[order], blocks=-(-tokens[order] // block_size),
-            conversations=int(keys.size), intent=codes, intent_names=names,
+            conversation=conv.reshape(-1).astype(np.int64)[order],
+            turn=tn[order],
+            timestamp=ts[order],
+            blocks=-(-tokens[order] // block_size),
+            conversations=int(keys.size),
+            intent=codes,
+            intent_names=names,
         )
 
 
@@ -191,7 +195,10 @@ def simulate(
     """Run ``policy`` over ``trace`` with ``capacity_blocks`` and measure its hit ratio."""
     fn = get_policy(policy, granularity)
     mask, n_conv = measured_requests(
-        trace.conversation, trace.timestamp, trace.conversations, warmup_fraction,
+        trace.conversation,
+        trace.timestamp,
+        trace.conversations,
+        warmup_fraction,
         cooldown_fraction,
     )
     start = time.perf_counter()
@@ -201,9 +208,16 @@ def simulate(
     input_blocks = int(trace.blocks[mask].sum())
     return SimResult(
         hit_ratio=hit_blocks / input_blocks if input_blocks else 0.0,
-        hit_blocks=hit_blocks, input_blocks=input_blocks, measured_conversations=n_conv,
-        measured_requests=int(mask.sum()), policy=policy, granularity=granularity,
-        capacity_blocks=int(capacity_blocks), warmup_fraction=warmup_fraction,
-        cooldown_fraction=cooldown_fraction, requests=len(trace),
-        conversations=trace.conversations, elapsed_s=elapsed,
+        hit_blocks=hit_blocks,
+        input_blocks=input_blocks,
+        measured_conversations=n_conv,
+        measured_requests=int(mask.sum()),
+        policy=policy,
+        granularity=granularity,
+        capacity_blocks=int(capacity_blocks),
+        warmup_fraction=warmup_fraction,
+        cooldown_fraction=cooldown_fraction,
+        requests=len(trace),
+        conversations=trace.conversations,
+        elapsed_s=elapsed,
     )

@@ -8,12 +8,15 @@ The computation lives in ``kvcast.stats.forecast``; this module parses flags and
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import click
 import orjson
 
+from kvcast.daemon.commands.replay import replay_pipeline
+from kvcast.stats.config import StatsConfig
 from kvcast.stats.delays import DelayDistribution, parse_delay_spec
-from kvcast.stats.forecast import Forecast, forecast_from_moments
+from kvcast.stats.forecast import Forecast, forecast_from_moments, forecast_from_sample
 
 
 def _nonneg(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
@@ -225,6 +228,12 @@ _MOMENT_FLAGS = (
     callback=_positive,
     help="KV cache bytes per token, to give the needed capacity in bytes.",
 )
+@click.option(
+    "--from-replay",
+    "from_replay",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Take the moments and delays from this JSONL request log instead of the flags.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def forecast(
     lambda0: float | None,
@@ -241,10 +250,27 @@ def forecast(
     capacities: list[float] | None,
     target_hit_ratio: float | None,
     kv_bytes_per_token: float | None,
+    from_replay: Path | None,
     as_json: bool,
 ) -> None:
-    """Forecast the prefix-cache hit ratio from workload moments (mean-field LRU)."""
+    """Forecast the prefix-cache hit ratio from workload moments (mean-field LRU), or from the
+    statistics of a request log (--from-replay)."""
     ctx = click.get_current_context()
+    if from_replay is not None:
+        if capacity_blocks is None:
+            raise click.UsageError("missing --capacity-blocks", ctx)
+        pipeline = replay_pipeline(from_replay, StatsConfig(block_size=block_size))
+        result = forecast_from_sample(
+            pipeline.engine.snapshot().sample,
+            capacity_blocks=capacity_blocks,
+            block_size=block_size,
+            instances=instances,
+            capacities=capacities,
+            target=target_hit_ratio,
+            kv_bytes_per_token=kv_bytes_per_token,
+        )
+        emit(result, as_json)
+        return
     values = {
         "lambda0": lambda0,
         "a_r": a_r,

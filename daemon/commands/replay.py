@@ -20,16 +20,9 @@ from kvcast.stats.table import table_document
 PROGRESS_INTERVAL_S = 0.5
 
 
-def replay_file(
-    path: Path,
-    config: StatsConfig,
-    *,
-    capacity_blocks: int,
-    instances: int = 1,
-    kv_bytes_per_token: int | None = None,
-    progress: TextIO | None = None,
-) -> dict[str, Any]:
-    """Replay a JSONL file; return ``{"forecast", "table", "events"}`` (SPEC section 6)."""
+def replay_pipeline(path: Path, config: StatsConfig, progress: TextIO | None = None) -> Pipeline:
+    """Run every line of ``path`` through a fresh pipeline and finish it (all conversations
+    complete). Progress lines go to ``progress`` when given."""
     pipeline = Pipeline(config)
     started = last_report = time.monotonic()
     offered = 0
@@ -45,6 +38,20 @@ def replay_file(
     if progress is not None:
         _progress_line(progress, pipeline, offered, time.monotonic() - started)
         progress.write("\n")
+    return pipeline
+
+
+def replay_file(
+    path: Path,
+    config: StatsConfig,
+    *,
+    capacity_blocks: int,
+    instances: int = 1,
+    kv_bytes_per_token: int | None = None,
+    progress: TextIO | None = None,
+) -> dict[str, Any]:
+    """Replay a JSONL file; return ``{"forecast", "table", "events"}`` (SPEC section 6)."""
+    pipeline = replay_pipeline(path, config, progress)
     snapshot = pipeline.engine.snapshot()
     forecast = forecast_from_sample(
         snapshot.sample,
@@ -54,7 +61,6 @@ def replay_file(
         kv_bytes_per_token=kv_bytes_per_token,
     )
     events = pipeline.engine.counters.to_dict()
-    events["offered"] = offered
     events["open_conversations"] = pipeline.engine.tracker.open_conversations
     return {
         "forecast": forecast.to_dict(),

@@ -63,23 +63,53 @@ def load_sim_trace(path: str, block_size: int) -> tuple[SimTrace, LoadReport]:
 
 @click.command("simulate")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--policy", default="lru", show_default=True,
-              help="Cache policy (lru now; iac and tbs follow).")
-@click.option("--capacity-blocks", type=click.IntRange(min=0), required=True,
-              help="Cache capacity N, KV blocks.")
-@click.option("--granularity", type=click.Choice(["conversation", "block"]),
-              default="conversation", show_default=True,
-              help="conversation: whole-content LRU (Algorithm 1); block: prefix-sharing blocks.")
-@click.option("--warmup-fraction", type=float, default=0.2, show_default=True,
-              help="Skip conversations starting in this first fraction of first-turn times.")
-@click.option("--cooldown-fraction", type=float, default=0.2, show_default=True,
-              help="Skip conversations starting in this last fraction of first-turn times.")
-@click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True,
-              help="KV block size in tokens.")
+@click.option(
+    "--policy", default="lru", show_default=True, help="Cache policy (lru now; iac and tbs follow)."
+)
+@click.option(
+    "--capacity-blocks",
+    type=click.IntRange(min=0),
+    required=True,
+    help="Cache capacity N, KV blocks.",
+)
+@click.option(
+    "--granularity",
+    type=click.Choice(["conversation", "block"]),
+    default="conversation",
+    show_default=True,
+    help="conversation: whole-content LRU (Algorithm 1); block: prefix-sharing blocks.",
+)
+@click.option(
+    "--warmup-fraction",
+    type=float,
+    default=0.2,
+    show_default=True,
+    help="Skip conversations starting in this first fraction of first-turn times.",
+)
+@click.option(
+    "--cooldown-fraction",
+    type=float,
+    default=0.2,
+    show_default=True,
+    help="Skip conversations starting in this last fraction of first-turn times.",
+)
+@click.option(
+    "--block-size",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="KV block size in tokens.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def simulate_command(
-    file: str, policy: str, capacity_blocks: int, granularity: str, warmup_fraction: float,
-    cooldown_fraction: float, block_size: int, as_json: bool,
+    file: str,
+    policy: str,
+    capacity_blocks: int,
+    granularity: str,
+    warmup_fraction: float,
+    cooldown_fraction: float,
+    block_size: int,
+    as_json: bool,
 ) -> None:
     """Replay FILE.jsonl through a cache simulator and print the measured hit ratio
     (reused input blocks / input blocks over whole measured conversations)."""
@@ -94,19 +124,26 @@ def simulate_command(
     for lineno, reason, detail in report.rejects[:_SHOWN_REJECTS]:
         click.echo(f"{file}:{lineno}: rejected ({reason}): {detail}", err=True)
     if report.rejected > _SHOWN_REJECTS:
-        click.echo(f"{file}: ... and {report.rejected - _SHOWN_REJECTS} more rejected lines",
-                   err=True)
+        click.echo(
+            f"{file}: ... and {report.rejected - _SHOWN_REJECTS} more rejected lines", err=True
+        )
     if len(trace) == 0:
         raise click.ClickException(f"{file}: no valid events")
-    result = simulate(trace, capacity_blocks, policy, granularity, warmup_fraction,
-                      cooldown_fraction)
+    result = simulate(
+        trace, capacity_blocks, policy, granularity, warmup_fraction, cooldown_fraction
+    )
     if as_json:
         out: dict[str, Any] = result.to_dict()
         out.update(
-            file=file, block_size=block_size, load_s=load_s,
+            file=file,
+            block_size=block_size,
+            load_s=load_s,
             requests_per_s=len(trace) / result.elapsed_s if result.elapsed_s > 0 else None,
-            events={"processed": report.processed, "rejected": report.rejected,
-                    "duplicates": report.duplicates},
+            events={
+                "processed": report.processed,
+                "rejected": report.rejected,
+                "duplicates": report.duplicates,
+            },
             rejected_reasons=dict(Counter(r for _, r, _ in report.rejects)),
         )
         sys.stdout.write(orjson.dumps(out).decode() + "\n")

@@ -20,20 +20,42 @@ def runner() -> CliRunner:
 
 def test_generate_then_simulate_json(runner: CliRunner, tmp_path: Path) -> None:
     out = tmp_path / "w.jsonl"
-    res = runner.invoke(cli, ["generate", str(out), "--preset", "mixed", "--lambda", "2",
-                              "--duration", "600", "--seed", "4", "--json"])
+    res = runner.invoke(
+        cli,
+        [
+            "generate",
+            str(out),
+            "--preset",
+            "mixed",
+            "--lambda",
+            "2",
+            "--duration",
+            "600",
+            "--seed",
+            "4",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     summary = orjson.loads(res.stdout)
     lines = out.read_bytes().splitlines()
     assert summary["events"] == len(lines) > 0
     assert summary["conversations"] == len({orjson.loads(x)["session_id"] for x in lines})
 
-    res = runner.invoke(cli, ["simulate", str(out), "--policy", "lru", "--capacity-blocks", "800",
-                              "--json"])
+    res = runner.invoke(
+        cli, ["simulate", str(out), "--policy", "lru", "--capacity-blocks", "800", "--json"]
+    )
     assert res.exit_code == 0, res.output
     got = orjson.loads(res.stdout)
-    for key in ("hit_ratio", "policy", "capacity_blocks", "hit_blocks", "input_blocks",
-                "measured_conversations", "measured_requests"):
+    for key in (
+        "hit_ratio",
+        "policy",
+        "capacity_blocks",
+        "hit_blocks",
+        "input_blocks",
+        "measured_conversations",
+        "measured_requests",
+    ):
         assert key in got
     assert got["policy"] == "lru" and got["capacity_blocks"] == 800
     assert got["events"] == {"processed": len(lines), "rejected": 0, "duplicates": 0}
@@ -48,14 +70,32 @@ def test_simulate_reports_bad_lines_and_skips_duplicates(runner: CliRunner, tmp_
         {"session_id": "a", "turn": 1, "timestamp": 0.0, "input_tokens": 40, "output_tokens": 5},
         {"session_id": "a", "turn": 2, "timestamp": 5.0, "input_tokens": 90, "output_tokens": 5},
     ]
-    body = [orjson.dumps(good[0]), b"{not json", orjson.dumps(good[0]),
-            orjson.dumps({"session_id": "b", "turn": 0, "timestamp": 1.0, "input_tokens": 1,
-                          "output_tokens": 1}),
-            b"", orjson.dumps(good[1])]
+    body = [
+        orjson.dumps(good[0]),
+        b"{not json",
+        orjson.dumps(good[0]),
+        orjson.dumps(
+            {"session_id": "b", "turn": 0, "timestamp": 1.0, "input_tokens": 1, "output_tokens": 1}
+        ),
+        b"",
+        orjson.dumps(good[1]),
+    ]
     path = tmp_path / "t.jsonl"
     path.write_bytes(b"\n".join(body) + b"\n")
-    res = runner.invoke(cli, ["simulate", str(path), "--capacity-blocks", "100",
-                              "--warmup-fraction", "0", "--cooldown-fraction", "0", "--json"])
+    res = runner.invoke(
+        cli,
+        [
+            "simulate",
+            str(path),
+            "--capacity-blocks",
+            "100",
+            "--warmup-fraction",
+            "0",
+            "--cooldown-fraction",
+            "0",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert f"{path}:2: rejected (invalid_json)" in res.stderr
     assert f"{path}:4: rejected (out_of_range)" in res.stderr
@@ -67,15 +107,21 @@ def test_simulate_reports_bad_lines_and_skips_duplicates(runner: CliRunner, tmp_
 
 def test_simulate_text_output_and_errors(runner: CliRunner, tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
-    path.write_bytes(orjson.dumps({"session_id": "a", "turn": 1, "timestamp": 0.0,
-                                   "input_tokens": 4, "output_tokens": 1}) + b"\n")
+    path.write_bytes(
+        orjson.dumps(
+            {"session_id": "a", "turn": 1, "timestamp": 0.0, "input_tokens": 4, "output_tokens": 1}
+        )
+        + b"\n"
+    )
     res = runner.invoke(cli, ["simulate", str(path), "--capacity-blocks", "10"])
     assert res.exit_code == 0 and res.stdout.startswith("hit_ratio 0.0000")
-    res = runner.invoke(cli, ["simulate", str(path), "--capacity-blocks", "10",
-                              "--granularity", "block"])
+    res = runner.invoke(
+        cli, ["simulate", str(path), "--capacity-blocks", "10", "--granularity", "block"]
+    )
     assert res.exit_code == 2 and "not implemented yet" in res.stderr
-    res = runner.invoke(cli, ["simulate", str(path), "--capacity-blocks", "10",
-                              "--warmup-fraction", "0.9"])
+    res = runner.invoke(
+        cli, ["simulate", str(path), "--capacity-blocks", "10", "--warmup-fraction", "0.9"]
+    )
     assert res.exit_code == 2 and "fractions" in res.stderr
     empty = tmp_path / "empty.jsonl"
     empty.write_bytes(b"garbage\n")
@@ -86,8 +132,20 @@ def test_simulate_text_output_and_errors(runner: CliRunner, tmp_path: Path) -> N
 def test_generate_text_summary_and_determinism(runner: CliRunner, tmp_path: Path) -> None:
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     for p in (a, b):
-        res = runner.invoke(cli, ["generate", str(p), "--conversations", "50", "--seed", "9",
-                                  "--no-prompts", "--cached-capacity-blocks", "100"])
+        res = runner.invoke(
+            cli,
+            [
+                "generate",
+                str(p),
+                "--conversations",
+                "50",
+                "--seed",
+                "9",
+                "--no-prompts",
+                "--cached-capacity-blocks",
+                "100",
+            ],
+        )
         assert res.exit_code == 0, res.output
         assert res.stdout.startswith("wrote ") and "50 conversations" in res.stdout
     assert a.read_bytes() == b.read_bytes()

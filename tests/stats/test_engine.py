@@ -206,9 +206,7 @@ def test_two_instances_merged_equal_one(seed: int) -> None:
     first, second = run(halves[0]), run(halves[1])
     first.merge(second)
     whole = run(events)
-    assert canonical(first.snapshot(whole.tracker.newest_event_time)) == canonical(
-        whole.snapshot()
-    )
+    assert canonical(first.snapshot(whole.tracker.newest_event_time)) == canonical(whole.snapshot())
 
 
 def test_duplicates_are_counted_once() -> None:

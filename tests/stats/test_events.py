@@ -139,8 +139,9 @@ def test_rejection_detail_never_echoes_user_text() -> None:
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=12,
 )
 field_names = st.sampled_from(
@@ -201,3 +202,34 @@ def test_corrupting_one_required_field_is_caught_and_named(field: str, value: ob
             assert f"'{field}'" in error.detail
     except TypeError:  # orjson cannot encode it: not a reachable payload
         pass
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.fixed_dictionaries(
+        {
+            "session_id": st.text(max_size=3) | st.integers(),
+            "turn": st.integers(-1, 3) | st.floats() | st.booleans(),
+            "timestamp": st.floats() | st.integers(-2, 2**60),
+            "input_tokens": st.integers(-1, 5),
+            "output_tokens": st.integers(-1, 5) | st.none(),
+        },
+        optional={
+            "cached_tokens": st.integers(-1, 6) | st.booleans(),
+            "request_id": st.text(max_size=2),
+            "intent": st.text(max_size=2) | st.integers(),
+            "prompt": st.text(max_size=2) | st.integers(),
+            "schema": st.sampled_from([1, 1.0, True, 2]),
+        },
+    )
+)
+def test_fast_path_agrees_with_the_detailed_validator(obj: dict[str, object]) -> None:
+    from kvcast.stats.events import _fast_path, _from_mapping
+
+    fast = _fast_path(obj)
+    try:
+        slow = _from_mapping(obj)
+    except EventRejected:
+        assert fast is None
+    else:
+        assert fast is None or fast == slow

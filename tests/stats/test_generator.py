@@ -38,8 +38,15 @@ def test_deterministic_by_seed() -> None:
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_events_follow_the_contract_and_the_block_bookkeeping(name: str) -> None:
     bs = 16
-    trace = generate(preset(name), lambda0=2.0, duration_s=400, seed=1, prompts=True,
-                     cached_capacity_blocks=500, block_size=bs)
+    trace = generate(
+        preset(name),
+        lambda0=2.0,
+        duration_s=400,
+        seed=1,
+        prompts=True,
+        cached_capacity_blocks=500,
+        block_size=bs,
+    )
     events = [parse_event(line) for line in trace.jsonl_lines()]
     assert len(events) == len(trace) > 0
     ts = [e.timestamp for e in events]
@@ -65,8 +72,15 @@ def test_events_follow_the_contract_and_the_block_bookkeeping(name: str) -> None
 def test_no_prompts_no_cached_tokens_by_default() -> None:
     ev = orjson.loads(next(generate(preset("single"), lambda0=1.0, conversations=3).jsonl_lines()))
     assert "prompt" not in ev and "cached_tokens" not in ev
-    assert set(ev) == {"session_id", "turn", "timestamp", "input_tokens", "output_tokens",
-                       "request_id", "intent"}
+    assert set(ev) == {
+        "session_id",
+        "turn",
+        "timestamp",
+        "input_tokens",
+        "output_tokens",
+        "request_id",
+        "intent",
+    }
 
 
 def test_arrival_rate(mixed_trace) -> None:
@@ -137,8 +151,13 @@ def test_ground_truth_of_single_preset() -> None:
 
 
 def test_per_turn_laws_and_validation() -> None:
-    m = IntentModel("chitchat", p_continue=(0.9, 0.5), delay=(Delay.exp(10), Delay.lognormal(3, 1)),
-                    delay_growth=2.0, max_turns=4)
+    m = IntentModel(
+        "chitchat",
+        p_continue=(0.9, 0.5),
+        delay=(Delay.exp(10), Delay.lognormal(3, 1)),
+        delay_growth=2.0,
+        max_turns=4,
+    )
     assert m.continuation().tolist() == [0.9, 0.5, 0.5, 0.0]
     assert m.delay_at(1).median_s == pytest.approx(10 * math.log(2))
     assert m.delay_at(3).median_s == pytest.approx(math.exp(3) * 4)

@@ -45,8 +45,11 @@ def _trace(convs: list[int], blocks: list[int], times: list[float] | None = None
     ts = np.arange(n, dtype=float) if times is None else np.asarray(times, dtype=float)
     turns = np.ones(n, np.int64)
     return SimTrace(
-        conversation=np.asarray(convs, np.int64), turn=turns, timestamp=ts,
-        blocks=np.asarray(blocks, np.int64), conversations=max(convs) + 1 if convs else 0,
+        conversation=np.asarray(convs, np.int64),
+        turn=turns,
+        timestamp=ts,
+        blocks=np.asarray(blocks, np.int64),
+        conversations=max(convs) + 1 if convs else 0,
     )
 
 

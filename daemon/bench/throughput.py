@@ -1,0 +1,113 @@
+"""Throughput of the statistics path, against merely decoding the same JSON lines.
+
+The baseline is ``orjson.loads`` over the same lines in the same run, so the ratio says how
+much of the per-event budget the contract, the tracker and the window take on this machine.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import orjson
+
+from kvcast.daemon.pipeline import Pipeline
+from kvcast.stats.config import StatsConfig
+from kvcast.stats.events import parse_event
+from kvcast.stats.generator import generate, preset
+from kvcast.stats.lru_sim import simulate
+
+
+@dataclass(frozen=True)
+class ThroughputResult:
+    """Events per second of each stage over ``events`` lines (best of ``repeats`` runs)."""
+
+    events: int
+    decode_per_s: float
+    parse_per_s: float
+    pipeline_per_s: float
+    simulate_per_s: float
+
+    def rows(self) -> list[tuple[str, str, str, str]]:
+        """(benchmark, figure, baseline, ratio) rows for the README table."""
+        decode = f"{self.decode_per_s:,.0f} lines/s (orjson.loads)"
+
+        def ratio(value: float) -> str:
+            return f"{value / self.decode_per_s:.2f}"
+
+        return [
+            (
+                "parse_event (contract)",
+                f"{self.parse_per_s:,.0f} events/s",
+                decode,
+                ratio(self.parse_per_s),
+            ),
+            (
+                "replay pipeline (parse + track + window)",
+                f"{self.pipeline_per_s:,.0f} events/s",
+                decode,
+                ratio(self.pipeline_per_s),
+            ),
+            (
+                "Algorithm 1 simulator (from arrays)",
+                f"{self.simulate_per_s:,.0f} requests/s",
+                decode,
+                ratio(self.simulate_per_s),
+            ),
+        ]
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "events": self.events,
+            "decode_per_s": self.decode_per_s,
+            "parse_per_s": self.parse_per_s,
+            "pipeline_per_s": self.pipeline_per_s,
+            "simulate_per_s": self.simulate_per_s,
+            "pipeline_vs_decode": self.pipeline_per_s / self.decode_per_s,
+        }
+
+
+def _best_rate(count: int, work: object, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        work()  # type: ignore[operator]
+        best = min(best, time.perf_counter() - started)
+    return count / best
+
+
+def run_throughput(
+    conversations: int = 20_000, seed: int = 0, repeats: int = 3
+) -> ThroughputResult:
+    """Generate a ``mixed`` workload and time each stage on its JSON lines."""
+    trace = generate(preset("mixed"), lambda0=2.0, conversations=conversations, seed=seed)
+    lines = list(trace.jsonl_lines())
+    config = StatsConfig()
+
+    def decode() -> None:
+        for line in lines:
+            orjson.loads(line)
+
+    def parse() -> None:
+        for line in lines:
+            parse_event(line)
+
+    def pipeline() -> None:
+        runner = Pipeline(config)
+        for line in lines:
+            runner.offer(line)
+        runner.engine.finish()
+        runner.engine.snapshot()
+
+    sim_trace = trace.sim_trace()
+
+    def sim() -> None:
+        simulate(sim_trace, 4000)
+
+    return ThroughputResult(
+        events=len(lines),
+        decode_per_s=_best_rate(len(lines), decode, repeats),
+        parse_per_s=_best_rate(len(lines), parse, repeats),
+        pipeline_per_s=_best_rate(len(lines), pipeline, repeats),
+        simulate_per_s=_best_rate(len(lines), sim, repeats),
+    )
