@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test lint bench clean services-start services-stop services-status
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,10 +18,15 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(BIN)/kvcast run
 
+# The integration tests use a real Redis and Kafka broker: scripts/services.sh starts what does
+# not answer yet, runs pytest, stops what it started (also on failure) and keeps pytest's status.
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/pytest
+	bash scripts/services.sh run $(BIN)/pytest $(PYTEST_ARGS)
+
+services-start services-stop services-status: $(STAMP)
+	bash scripts/services.sh $(@:services-%=%)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -31,4 +36,5 @@ bench: $(STAMP)
 	$(BIN)/kvcast bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	bash scripts/services.sh stop
+	rm -rf .services $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -22,3 +22,7 @@ for _command in COMMANDS:
 
 def main() -> None:
     cli()
+
+
+if __name__ == "__main__":
+    main()

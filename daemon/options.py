@@ -1,7 +1,8 @@
 """Command-line flags shared by the commands that run the statistics (``replay``, ``run``).
 
-Every flag also reads a ``KVCAST_*`` environment variable (shown in ``--help``); flags win
-over the environment, which wins over the defaults.
+Every flag also reads the environment variable ``KVCAST_`` + its name in capitals
+(``--block-size`` reads ``KVCAST_BLOCK_SIZE``), shown in ``--help``; flags win over the
+environment, which wins over a config file (``run --config``), which wins over the defaults.
 """
 
 from __future__ import annotations
@@ -60,6 +61,11 @@ _STATS_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
 )
 
 
+def envvar_for(flag: str) -> str:
+    """``--capacity-blocks`` -> ``KVCAST_CAPACITY_BLOCKS``."""
+    return "KVCAST_" + flag.lstrip("-").upper().replace("-", "_")
+
+
 def stats_options(command: F) -> F:
     """Add the statistics flags; the command receives them as ``stats_config``."""
     for flag, name, kind, help_text in reversed(_STATS_FLAGS):
@@ -69,6 +75,7 @@ def stats_options(command: F) -> F:
             type=kind,
             default=getattr(_DEFAULTS, name),
             show_default=True,
+            envvar=envvar_for(flag),
             show_envvar=True,
             help=help_text,
         )(command)
@@ -90,6 +97,7 @@ def capacity_options(command: F) -> F:
         "--kv-bytes-per-token",
         type=click.IntRange(min=1),
         default=None,
+        envvar="KVCAST_KV_BYTES_PER_TOKEN",
         show_envvar=True,
         help="KV cache bytes per token (capacities are then also reported in bytes).",
     )(command)
@@ -98,6 +106,7 @@ def capacity_options(command: F) -> F:
         type=click.IntRange(min=1),
         default=1,
         show_default=True,
+        envvar="KVCAST_INSTANCES",
         show_envvar=True,
         help="Prefill instances behind session-affine routing; each sees lambda0/instances.",
     )(command)
@@ -106,6 +115,7 @@ def capacity_options(command: F) -> F:
         type=click.IntRange(min=1),
         default=2275,
         show_default=True,
+        envvar="KVCAST_CAPACITY_BLOCKS",
         show_envvar=True,
         help="KV cache capacity of one instance, in blocks (default: the paper's 40 GB prefiller).",
     )(command)

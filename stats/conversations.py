@@ -56,6 +56,19 @@ class Conversation:
         return sorted(self.turns.items())
 
 
+@dataclass(slots=True)
+class TrackerChanges:
+    """What changed since the last checkpoint: sessions to rewrite, request ids seen/forgotten."""
+
+    touched_sessions: set[str] = field(default_factory=set)
+    ids_added: dict[str, float] = field(default_factory=dict)
+    ids_removed: set[str] = field(default_factory=set)
+
+    def forget_id(self, request_id: str) -> None:
+        if self.ids_added.pop(request_id, None) is None:
+            self.ids_removed.add(request_id)
+
+
 class _SecondBuckets:
     """Keys filed under whole seconds of event time, handed back once a second has passed."""
 
@@ -83,13 +96,46 @@ class _SecondBuckets:
 class ConversationTracker:
     """Groups accepted events into conversations and hands out the completed ones."""
 
-    def __init__(self, config: StatsConfig) -> None:
+    def __init__(self, config: StatsConfig, *, track_changes: bool = False) -> None:
         self._config = config
         self._open: dict[str, Conversation] = {}
         self._deadlines = _SecondBuckets()
-        self._seen_ids: dict[str, None] = {}
+        self._seen_ids: dict[str, float] = {}
         self._id_expiry = _SecondBuckets()
         self._newest_ts = -math.inf
+        self.changes: TrackerChanges | None = TrackerChanges() if track_changes else None
+
+    @classmethod
+    def restore(
+        cls,
+        config: StatsConfig,
+        newest_ts: float,
+        conversations: list[Conversation],
+        seen_ids: dict[str, float],
+        *,
+        track_changes: bool = True,
+    ) -> ConversationTracker:
+        """Rebuild a tracker from a checkpoint (its open conversations and remembered ids)."""
+        tracker = cls(config, track_changes=track_changes)
+        tracker._newest_ts = newest_ts
+        timeout = config.completion_timeout_s
+        for conversation in conversations:
+            tracker._open[conversation.session_id] = conversation
+            tracker._deadlines.add(
+                math.floor(conversation.last_ts + timeout), conversation.session_id
+            )
+        for request_id, timestamp in seen_ids.items():
+            tracker._seen_ids[request_id] = timestamp
+            tracker._id_expiry.add(math.floor(timestamp), request_id)
+        return tracker
+
+    def open_items(self) -> dict[str, Conversation]:
+        """The open conversations by session id (read-only use)."""
+        return self._open
+
+    def seen_ids(self) -> dict[str, float]:
+        """Request ids still remembered for duplicate detection -> their event time (s)."""
+        return self._seen_ids
 
     @property
     def watermark(self) -> float:
@@ -110,8 +156,11 @@ class ConversationTracker:
             return "too_late", []
         if event.request_id in self._seen_ids:
             return "duplicate", []
-        self._seen_ids[event.request_id] = None
+        self._seen_ids[event.request_id] = event.timestamp
         self._id_expiry.add(math.floor(event.timestamp), event.request_id)
+        if self.changes is not None:
+            self.changes.ids_added[event.request_id] = event.timestamp
+            self.changes.touched_sessions.add(event.session_id)
 
         completed: list[Conversation] = []
         timeout = self._config.completion_timeout_s
@@ -145,6 +194,9 @@ class ConversationTracker:
     def flush(self) -> list[Conversation]:
         """End of a finite input: the watermark passes every event; all conversations complete."""
         completed = self._complete_due(math.inf)
+        # Every open conversation has a deadline entry, so none should be left; be sure.
+        if self.changes is not None:
+            self.changes.touched_sessions.update(self._open)
         completed.extend(self._open.values())
         self._open.clear()
         self._seen_ids.clear()
@@ -153,9 +205,11 @@ class ConversationTracker:
         return completed
 
     def _complete_due(self, watermark: float) -> list[Conversation]:
+        changes = self.changes
         for _, request_ids in self._id_expiry.pop_before(watermark):
             for request_id in request_ids:
-                self._seen_ids.pop(request_id, None)
+                if self._seen_ids.pop(request_id, None) is not None and changes is not None:
+                    changes.forget_id(request_id)
         completed = []
         timeout = self._config.completion_timeout_s
         for second, sessions in self._deadlines.pop_before(watermark):
@@ -167,4 +221,6 @@ class ConversationTracker:
                     and math.floor(conversation.last_ts + timeout) == second
                 ):
                     completed.append(self._open.pop(session_id))
+                    if changes is not None:
+                        changes.touched_sessions.add(session_id)
         return completed

@@ -8,6 +8,7 @@ from kvcast.daemon.commands.bench import bench
 from kvcast.daemon.commands.forecast import forecast
 from kvcast.daemon.commands.generate import generate_command
 from kvcast.daemon.commands.replay import replay
+from kvcast.daemon.commands.run import run
 from kvcast.daemon.commands.simulate import simulate_command
 
-COMMANDS: list[click.Command] = [replay, forecast, simulate_command, generate_command, bench]
+COMMANDS: list[click.Command] = [run, replay, forecast, simulate_command, generate_command, bench]

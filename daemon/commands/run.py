@@ -1,0 +1,207 @@
+"""``kvcast run``: the daemon (SPEC sections 6-7).
+
+Without ``--source`` it runs the embedded default: a generated intent-mixed workload replayed
+in accelerated event time through the full pipeline, the in-memory store, HTTP on
+127.0.0.1:9400 and a status line every few seconds. With ``--source kafka://...`` and
+``--store redis://...`` it is the production sidecar.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import tomllib
+
+from kvcast.daemon.options import capacity_options, envvar_for, pop_stats_config, stats_options
+from kvcast.daemon.publisher import Publisher
+from kvcast.daemon.runner import Daemon
+from kvcast.daemon.settings import DaemonSettings, redact_url
+from kvcast.daemon.sources import embedded_source, open_source
+from kvcast.daemon.stores import open_store
+from kvcast.exporters.http_server import HttpServer
+from kvcast.exporters.metrics import build_registry
+
+_DEFAULTS = DaemonSettings()
+
+# (flag, settings field, click type, help); each reads KVCAST_<FLAG> from the environment.
+_RUN_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
+    ("--source", "source", str, "kafka://HOST:PORT/TOPIC or file://PATH; none: embedded default."),
+    ("--store", "store", str, "memory:// or redis://[:PASSWORD@]HOST:PORT/DB (rediss:// for TLS)."),
+    ("--group-id", "group_id", str, "Kafka consumer group."),
+    ("--namespace", "namespace", str, "Prefix of every Redis key."),
+    ("--metrics-addr", "metrics_addr", str, "HOST:PORT of the HTTP server (/metrics, /v1/...)."),
+    (
+        "--commit-interval",
+        "commit_interval_s",
+        click.FloatRange(min=0, min_open=True),
+        "Seconds between atomic state commits.",
+    ),
+    (
+        "--commit-max-events",
+        "commit_max_events",
+        click.IntRange(min=1),
+        "Commit after this many events even before the interval.",
+    ),
+    (
+        "--max-uncommitted-events",
+        "max_uncommitted_events",
+        click.IntRange(min=1),
+        "Stop consuming while this many applied events await the store.",
+    ),
+    (
+        "--refresh-interval",
+        "refresh_interval_s",
+        click.FloatRange(min=0, min_open=True),
+        "Seconds between forecast recomputations.",
+    ),
+    (
+        "--table-interval",
+        "table_interval_s",
+        click.FloatRange(min=0, min_open=True),
+        "Minimum seconds between table publications (only when it changed).",
+    ),
+    (
+        "--status-interval",
+        "status_interval_s",
+        click.FloatRange(min=0, min_open=True),
+        "Seconds between status lines.",
+    ),
+    (
+        "--shutdown-timeout",
+        "shutdown_timeout_s",
+        click.FloatRange(min=0, min_open=True),
+        "Seconds SIGTERM may spend storing what was applied.",
+    ),
+    (
+        "--speedup",
+        "speedup",
+        click.FloatRange(min=0, min_open=True),
+        "Embedded default: event-time seconds replayed per wall second.",
+    ),
+    (
+        "--sample-conversations",
+        "sample_conversations",
+        click.IntRange(min=1),
+        "Embedded default: conversations in the generated workload.",
+    ),
+)
+
+
+def _load_config(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """Eager: a TOML file becomes click's default_map (below env and flags, above defaults)."""
+    if value is None:
+        return None
+    try:
+        data = tomllib.loads(value.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise click.BadParameter(f"{value}: {exc}", ctx, param) from None
+    known = {p.name for p in ctx.command.params if p.name}
+    defaults: dict[str, Any] = {}
+    for key, setting in data.items():
+        name = key.replace("-", "_")
+        if name not in known or name in ("config", "as_json"):
+            raise click.BadParameter(f"{value}: unknown setting {key!r}", ctx, param)
+        defaults[name] = setting
+    ctx.default_map = {**(ctx.default_map or {}), **defaults}
+    return value
+
+
+def _run_options(command: Any) -> Any:
+    for flag, name, kind, help_text in reversed(_RUN_FLAGS):
+        default = getattr(_DEFAULTS, name)
+        command = click.option(
+            flag,
+            name,
+            type=kind,
+            default=default,
+            show_default=default is not None,
+            envvar=envvar_for(flag),
+            show_envvar=True,
+            help=help_text,
+        )(command)
+    return command
+
+
+@click.command("run")
+@click.option(
+    "--config",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    callback=_load_config,
+    is_eager=True,
+    expose_value=False,
+    envvar="KVCAST_CONFIG",
+    show_envvar=True,
+    help="TOML file of settings (keys are flag names); flags and KVCAST_* win over it.",
+)
+@_run_options
+@stats_options
+@capacity_options
+@click.option(
+    "--target-hit-ratio",
+    "target_hit_ratios",
+    type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
+    multiple=True,
+    default=_DEFAULTS.target_hit_ratios,
+    show_default=True,
+    help="Hit ratios to report the needed capacity for (repeatable).",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+    envvar="KVCAST_LOG_LEVEL",
+    show_envvar=True,
+)
+@click.option("--json", "as_json", is_flag=True, help="Status lines as JSON objects.")
+def run(log_level: str, as_json: bool, **kwargs: Any) -> None:
+    """Run the daemon: consume events, keep statistics, publish forecast and table."""
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    stats = pop_stats_config(kwargs)
+    kwargs["target_hit_ratios"] = tuple(kwargs["target_hit_ratios"])
+    try:
+        settings = DaemonSettings(stats=stats, **kwargs)
+        store = open_store(settings.store, settings.namespace)
+        source = (
+            embedded_source(
+                settings.sample_conversations,
+                settings.speedup,
+                settings.capacity_blocks,
+                stats.block_size,
+            )
+            if settings.embedded
+            else open_source(settings.source or "", settings.group_id)
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    sys.exit(serve(settings, store, source, status_json=as_json))
+
+
+def serve(settings: DaemonSettings, store: Any, source: Any, status_json: bool = False) -> int:
+    """Wire store, source, publisher, HTTP and signals; run until SIGTERM/SIGINT."""
+    publisher = Publisher(settings, store, source.health)
+    registry = build_registry(publisher.metrics_view)
+    host, port = settings.http_host_port()
+    http = HttpServer(host, port, publisher, registry)
+    try:
+        http.start()
+    except OSError as exc:
+        raise click.UsageError(f"--metrics-addr {settings.metrics_addr}: {exc}") from None
+    daemon = Daemon(settings, store, source, publisher, status_out=sys.stdout)
+    daemon.status_json = status_json
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: daemon.request_stop())
+    mode = "embedded default" if settings.embedded else f"source {settings.source}"
+    click.echo(f"kvcast: {mode}, store {redact_url(settings.store)}, serving {http.url}", err=True)
+    try:
+        return daemon.run()
+    finally:
+        http.close()
+        store.close()

@@ -1,0 +1,255 @@
+"""The daemon's main loop: consume, apply per partition, commit atomically, publish.
+
+Threads: the consumer loop (this module's :meth:`Daemon.run`, which owns the source and the
+partition engines), a refresher (reads the store, recomputes the forecast and the table on a
+timer) and the HTTP server (reads what the refresher published). Shared values sit behind one
+lock. Commits are ordered per partition: a delta that could not be stored stays queued and is
+retried first, so a store outage delays statistics but never loses or doubles them; while the
+store is away the loop keeps consuming only up to ``max_uncommitted_events``, then pauses.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TextIO
+
+import orjson
+
+from kvcast.daemon.pipeline import IntentLabeller
+from kvcast.daemon.publisher import Publisher, format_status
+from kvcast.daemon.settings import DaemonSettings
+from kvcast.daemon.sources.base import EventSource, Record
+from kvcast.daemon.stores import StaleOwner, StateStore, StoreUnavailable
+from kvcast.stats.events import EventRejected, parse_event
+from kvcast.stats.partition import PartitionDelta, PartitionEngine
+
+log = logging.getLogger(__name__)
+
+POLL_TIMEOUT_S = 0.2
+POLL_MAX_RECORDS = 2000
+
+
+class Daemon:
+    """One kvcast instance. ``run()`` returns the process exit code."""
+
+    def __init__(
+        self,
+        settings: DaemonSettings,
+        store: StateStore,
+        source: EventSource,
+        publisher: Publisher,
+        labeller: IntentLabeller | None = None,
+        status_out: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.source = source
+        self.publisher = publisher
+        self.labeller = labeller or IntentLabeller()
+        self._status_out = status_out
+        self.status_json = False
+        self._clock = clock
+        self._engines: dict[str, PartitionEngine] = {}
+        self._queued: dict[str, deque[PartitionDelta]] = {}
+        self._awaiting_load: set[str] = set()
+        self._paused_for_store = False
+        self._stop = threading.Event()
+        self._flushed = False
+        self._last_commit = clock()
+        self._backoff_s = 0.0
+        self._retry_at = 0.0
+        self.events_seen = 0
+        self._status_mark = (clock(), 0)
+        source.set_listener(self)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Ask the loop to drain, commit and return (safe from a signal handler)."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self) -> int:
+        self.publisher.start()
+        next_status = self._clock() + self.settings.status_interval_s
+        try:
+            while not self._stop.is_set():
+                self.publisher.heartbeat()
+                self._step()
+                if self._clock() >= next_status:
+                    next_status = self._clock() + self.settings.status_interval_s
+                    self._print_status()
+        finally:
+            code = self._drain()
+            self.publisher.stop()
+            self.source.close()
+        return code
+
+    def _step(self) -> None:
+        if self._awaiting_load:
+            self._load_partitions(sorted(self._awaiting_load))
+        if self._uncommitted() >= self.settings.max_uncommitted_events:
+            self._pause_for_store()
+        records = self.source.poll(POLL_TIMEOUT_S, POLL_MAX_RECORDS)
+        for record in records:
+            self._apply(record)
+        if self.source.finished() and not self._flushed and not self._awaiting_load:
+            for engine in self._engines.values():
+                engine.flush()
+            self._flushed = True
+            self._queue_all()
+        due = self._clock() - self._last_commit >= self.settings.commit_interval_s
+        if due or self._uncommitted() >= self.settings.commit_max_events:
+            self._queue_all()
+        self._flush_queue()
+
+    def _drain(self) -> int:
+        """Queue and store everything applied; give up after ``shutdown_timeout_s``."""
+        deadline = self._clock() + self.settings.shutdown_timeout_s
+        self._queue_all()
+        while any(self._queued.values()):
+            self._retry_at = 0.0
+            self._flush_queue()
+            if not any(self._queued.values()):
+                break
+            if self._clock() >= deadline:
+                lost = sum(d.offset - d.base_offset for q in self._queued.values() for d in q)
+                log.error("shutdown: store unreachable, %d applied events not stored", lost)
+                return 1
+            time.sleep(min(0.5, self.settings.max_backoff_s))
+        return 0
+
+    # -- partitions --------------------------------------------------------------------------
+
+    def on_assign(self, partitions: list[str]) -> None:
+        log.info("assigned %s", ", ".join(partitions))
+        self._load_partitions(partitions)
+
+    def on_revoke(self, partitions: list[str]) -> None:
+        log.info("revoked %s", ", ".join(partitions))
+        for partition in partitions:
+            self._queue(partition)
+        self._flush_queue(force=True)
+        for partition in partitions:
+            self._engines.pop(partition, None)
+            self._queued.pop(partition, None)
+            self._awaiting_load.discard(partition)
+
+    def _load_partitions(self, partitions: list[str]) -> None:
+        for partition in partitions:
+            try:
+                checkpoint = self.store.load_partition(partition)
+            except StoreUnavailable as exc:
+                self._store_failed(exc)
+                self._awaiting_load.add(partition)
+                self.source.pause([partition])
+                continue
+            engine = PartitionEngine(self.settings.stats, partition, checkpoint)
+            self._engines[partition] = engine
+            self._queued[partition] = deque()
+            self._awaiting_load.discard(partition)
+            self.source.seek(partition, engine.offset + 1)
+            self.source.resume([partition])
+
+    def _apply(self, record: Record) -> None:
+        engine = self._engines.get(record.partition)
+        if engine is None or record.offset <= engine.offset:
+            return  # not ours (any more), or already applied before a restart
+        self.events_seen += 1
+        try:
+            event = parse_event(record.value)
+        except EventRejected as rejection:
+            engine.reject(rejection.reason, record.offset)
+            return
+        engine.apply(event, self.labeller(event), record.offset)
+
+    # -- commits -----------------------------------------------------------------------------
+
+    def _uncommitted(self) -> int:
+        pending = sum(engine.pending_events for engine in self._engines.values())
+        return pending + sum(d.offset - d.base_offset for q in self._queued.values() for d in q)
+
+    def _queue(self, partition: str) -> None:
+        engine = self._engines.get(partition)
+        if engine is None:
+            return
+        delta = engine.take_delta()
+        if not delta.empty or delta.offset != delta.base_offset:
+            self._queued[partition].append(delta)
+
+    def _queue_all(self) -> None:
+        for partition in list(self._engines):
+            self._queue(partition)
+        self._last_commit = self._clock()
+
+    def _flush_queue(self, force: bool = False) -> None:
+        if not force and self._clock() < self._retry_at:
+            return
+        for partition, queue in list(self._queued.items()):
+            while queue:
+                delta = queue[0]
+                try:
+                    self.store.commit(delta)
+                except StoreUnavailable as exc:
+                    self._store_failed(exc)
+                    return
+                except StaleOwner as exc:
+                    if exc.stored_offset == delta.offset:
+                        queue.popleft()  # stored before a lost reply: already applied
+                        continue
+                    log.warning("%s; reloading the partition from the store", exc)
+                    self._reload(partition)
+                    break
+                queue.popleft()
+                self.publisher.committed(partition, delta)
+        self._store_recovered()
+
+    def _reload(self, partition: str) -> None:
+        self._engines.pop(partition, None)
+        self._queued[partition] = deque()
+        self._load_partitions([partition])
+
+    def _store_failed(self, exc: Exception) -> None:
+        self._backoff_s = min(max(self._backoff_s * 2, 0.2), self.settings.max_backoff_s)
+        self._retry_at = self._clock() + self._backoff_s
+        self.publisher.set_component("store", f"unavailable: {exc}")
+        log.warning("state store unavailable (%s); retrying in %.1f s", exc, self._backoff_s)
+
+    def _store_recovered(self) -> None:
+        if self._backoff_s:
+            log.info("state store reachable again")
+        self._backoff_s = 0.0
+        self.publisher.set_component("store", "ok")
+        if self._paused_for_store:
+            self._paused_for_store = False
+            self.source.resume(list(self._engines))
+
+    def _pause_for_store(self) -> None:
+        if not self._paused_for_store:
+            log.warning("pausing consumption: %d events await the store", self._uncommitted())
+            self._paused_for_store = True
+            self.source.pause(list(self._engines))
+
+    # -- status ------------------------------------------------------------------------------
+
+    def _print_status(self) -> None:
+        now, seen = self._clock(), self.events_seen
+        then, seen_then = self._status_mark
+        self._status_mark = (now, seen)
+        rate = (seen - seen_then) / (now - then) if now > then else 0.0
+        self.publisher.set_lag(self.source.lag())
+        status = self.publisher.status(rate)
+        line = orjson.dumps(status).decode() if self.status_json else format_status(status)
+        if self._status_out is None:
+            log.info(line)
+            return
+        self._status_out.write(line + "\n")
+        self._status_out.flush()

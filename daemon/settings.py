@@ -1,0 +1,108 @@
+"""All configuration of the daemon in one typed, frozen, validated place.
+
+Layering (highest wins): command-line flags, then ``KVCAST_*`` environment variables, then
+the TOML config file (``--config`` / ``KVCAST_CONFIG``), then the defaults below. The
+``kvcast run`` command builds one :class:`DaemonSettings`; nothing else reads the environment.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
+
+from kvcast.stats.config import StatsConfig
+
+_NAMESPACE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+STORE_SCHEMES = ("memory", "redis", "rediss")
+SOURCE_SCHEMES = ("kafka", "file")
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    """What ``kvcast run`` does. Times in seconds of wall time unless stated otherwise."""
+
+    source: str | None = None  # kafka://HOST:PORT[,HOST:PORT]/TOPIC, file://PATH; None: embedded
+    store: str = "memory://"
+    group_id: str = "kvcast"
+    namespace: str = "kvcast"
+    metrics_addr: str = "127.0.0.1:9400"
+    capacity_blocks: int = 2275
+    instances: int = 1
+    kv_bytes_per_token: int | None = None
+    target_hit_ratios: tuple[float, ...] = (0.5, 0.7)
+    commit_interval_s: float = 1.0
+    commit_max_events: int = 10_000
+    max_uncommitted_events: int = 200_000
+    refresh_interval_s: float = 5.0
+    table_interval_s: float = 10.0
+    status_interval_s: float = 5.0
+    shutdown_timeout_s: float = 10.0
+    max_backoff_s: float = 30.0
+    speedup: float = 240.0  # embedded default: event seconds per wall second
+    sample_conversations: int = 20_000  # embedded default: size of the generated workload
+    stats: StatsConfig = field(default_factory=StatsConfig)
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        if self.source is not None and urlsplit(self.source).scheme not in SOURCE_SCHEMES:
+            problems.append(
+                f"source {self.source!r}: expected kafka://HOST:PORT/TOPIC or file://PATH"
+            )
+        if self.source is not None and self.source.startswith("kafka://"):
+            parts = urlsplit(self.source)
+            if not parts.netloc or not parts.path.strip("/"):
+                problems.append(f"source {self.source!r}: expected kafka://HOST:PORT/TOPIC")
+        if urlsplit(self.store).scheme not in STORE_SCHEMES:
+            problems.append(f"store {self.store!r}: expected memory://, redis:// or rediss://")
+        if not _NAMESPACE.match(self.namespace):
+            problems.append(f"namespace {self.namespace!r}: use 1-64 of A-Z a-z 0-9 _ . -")
+        if not self.group_id:
+            problems.append("group_id must not be empty")
+        try:
+            self.http_host_port()
+        except ValueError as exc:
+            problems.append(str(exc))
+        for name in ("capacity_blocks", "instances", "commit_max_events", "sample_conversations"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_uncommitted_events < self.commit_max_events:
+            problems.append("max_uncommitted_events must be >= commit_max_events")
+        for name in (
+            "commit_interval_s",
+            "refresh_interval_s",
+            "table_interval_s",
+            "status_interval_s",
+            "shutdown_timeout_s",
+            "max_backoff_s",
+            "speedup",
+        ):
+            if not getattr(self, name) > 0:
+                problems.append(f"{name} must be > 0, got {getattr(self, name)}")
+        for target in self.target_hit_ratios:
+            if not 0 < target < 1:
+                problems.append(f"target hit ratio {target} must be within (0, 1)")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def http_host_port(self) -> tuple[str, int]:
+        """``metrics_addr`` as (host, port); ValueError naming the problem."""
+        host, sep, port = self.metrics_addr.rpartition(":")
+        if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"metrics_addr {self.metrics_addr!r}: expected HOST:PORT")
+        return host.strip("[]") or "0.0.0.0", int(port)
+
+    @property
+    def embedded(self) -> bool:
+        return self.source is None
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for logs and status output)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))

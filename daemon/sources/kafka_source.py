@@ -1,0 +1,143 @@
+"""Kafka as an event source: a kafka-python consumer group, offsets kept by the state store.
+
+Kafka's own committed offsets are not the source of truth: on assignment the daemon loads
+each partition's checkpoint from the store and seeks to the offset after it, so the state and
+the position it corresponds to always move together. Offsets are still committed to Kafka
+(after the store) so that standard lag tooling sees the group's progress.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from kafka import KafkaConsumer, OffsetAndMetadata, TopicPartition
+from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.errors import KafkaError
+
+from kvcast.daemon.sources.base import PartitionListener, Record
+
+log = logging.getLogger(__name__)
+
+# Group timings that keep a rebalance (and a restart after kill -9) to a few seconds.
+GROUP_SETTINGS: dict[str, int] = {
+    "session_timeout_ms": 6000,
+    "heartbeat_interval_ms": 1000,
+    "max_poll_interval_ms": 30000,
+}
+
+
+def partition_name(topic: str, partition: int) -> str:
+    return f"{topic}:{partition}"
+
+
+def parse_partition_name(name: str) -> TopicPartition:
+    topic, _, number = name.rpartition(":")
+    return TopicPartition(topic, int(number))
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    def __init__(self, source: KafkaSource) -> None:
+        self._source = source
+
+    def on_partitions_revoked(self, revoked: Any) -> None:
+        if self._source.listener is not None and revoked:
+            self._source.listener.on_revoke(
+                sorted(partition_name(p.topic, p.partition) for p in revoked)
+            )
+
+    def on_partitions_assigned(self, assigned: Any) -> None:
+        if self._source.listener is not None and assigned:
+            self._source.listener.on_assign(
+                sorted(partition_name(p.topic, p.partition) for p in assigned)
+            )
+
+
+class KafkaSource:
+    """Subscribes ``group_id`` to ``topic`` on ``bootstrap`` (host:port[,host:port])."""
+
+    def __init__(self, bootstrap: str, topic: str, group_id: str, **consumer_options: Any) -> None:
+        self.topic = topic
+        self.listener: PartitionListener | None = None
+        options = {**GROUP_SETTINGS, **consumer_options}
+        self._consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap.split(","),
+            group_id=group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            **options,
+        )
+        self._subscribed = False
+        self._last_ok = time.monotonic()
+        self._last_error = ""
+
+    def set_listener(self, listener: PartitionListener) -> None:
+        self.listener = listener
+
+    def poll(self, timeout_s: float, max_records: int) -> list[Record]:
+        if not self._subscribed:
+            self._consumer.subscribe([self.topic], listener=_Rebalance(self))
+            self._subscribed = True
+        try:
+            batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        except KafkaError as exc:
+            self._last_error = str(exc)
+            log.warning("kafka poll failed: %s", exc)
+            time.sleep(min(timeout_s, 1.0))
+            return []
+        self._last_ok = time.monotonic()
+        records = [
+            Record(partition_name(tp.topic, tp.partition), message.offset, message.value)
+            for tp, messages in batches.items()
+            for message in messages
+        ]
+        records.sort(key=lambda r: (r.partition, r.offset))
+        return records
+
+    def seek(self, partition: str, offset: int) -> None:
+        self._consumer.seek(parse_partition_name(partition), max(offset, 0))
+
+    def pause(self, partitions: list[str]) -> None:
+        self._consumer.pause(*[parse_partition_name(p) for p in partitions])
+
+    def resume(self, partitions: list[str]) -> None:
+        self._consumer.resume(*[parse_partition_name(p) for p in partitions])
+
+    def commit_offsets(self, offsets: dict[str, int]) -> None:
+        """Tell Kafka how far the store has checkpointed (next offset to read), for tooling."""
+        try:
+            self._consumer.commit_async(
+                {
+                    parse_partition_name(p): OffsetAndMetadata(o + 1, "", -1)
+                    for p, o in offsets.items()
+                    if o >= 0
+                }
+            )
+        except (KafkaError, AssertionError, ValueError) as exc:
+            log.debug("kafka offset commit skipped: %s", exc)
+
+    def finished(self) -> bool:
+        return False
+
+    def health(self) -> tuple[bool, str]:
+        silent_s = time.monotonic() - self._last_ok
+        if silent_s > 30:
+            return (
+                False,
+                f"no successful poll for {silent_s:.0f} s: {self._last_error or 'no reply'}",
+            )
+        return True, "ok"
+
+    def lag(self) -> int | None:
+        assigned = self._consumer.assignment()
+        if not assigned:
+            return 0
+        try:
+            ends = self._consumer.end_offsets(list(assigned))
+            return sum(max(ends[tp] - self._consumer.position(tp), 0) for tp in assigned)
+        except KafkaError:
+            return None
+
+    def close(self) -> None:
+        self._consumer.close(autocommit=False)

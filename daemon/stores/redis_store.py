@@ -1,0 +1,282 @@
+"""The Redis state store: statistics shared by every daemon instance of a namespace.
+
+Keys all start with ``NAMESPACE:{NAMESPACE}:`` (a literal prefix for ACLs, and one hash tag so
+the multi-key commit transaction is legal on Redis Cluster). Layout:
+
+- ``part:P`` hash (offset, newest_ts), ``open:P`` hash (session -> open conversation),
+  ``ids:P`` hash (request id -> event time): partition P's checkpoint;
+- ``buckets`` sorted set of window bucket indices; ``bucket:I`` hash of counts and sums and
+  ``delays:I`` list of delay-sample batches: the window, additive across instances;
+- ``arr:starts``, ``arr:cached``, ``arr:input`` hashes per event-time second and ``arr:meta``
+  (first/newest start, start count): the arrival counters;
+- ``counters`` hash: events processed, duplicates, rejected by reason;
+- ``table``: the published priority table (one SET, so readers never see half of it).
+
+A commit is one MULTI/EXEC guarded by WATCH on ``part:P``: applied whole, or not at all.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import orjson
+import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import WatchError
+
+from kvcast.daemon.stores.base import StaleOwner, StoreUnavailable, WindowState
+from kvcast.stats.arrivals import ArrivalStats, SecondCounters
+from kvcast.stats.config import StatsConfig
+from kvcast.stats.engine import EventCounters
+from kvcast.stats.partition import PartitionCheckpoint, PartitionDelta
+from kvcast.stats.window import Bucket, DelaySample, MomentSums, StateSums, StatsWindow
+
+# Keep the smaller (ARGV[3] == "min") or larger value of a hash field; floats as text.
+_KEEP_EXTREME = """
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+local value = tonumber(ARGV[2])
+if current == false
+   or (ARGV[3] == 'min' and value < tonumber(current))
+   or (ARGV[3] == 'max' and value > tonumber(current)) then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+end
+return 0
+"""
+
+_MOMENT_FIELDS = ("conversations", "sum_R", "sum_H", "sum_H_hash", "sum_B", "sum_M")
+_CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+def _field(*parts: object) -> bytes:
+    return orjson.dumps(parts)
+
+
+class RedisStore:
+    """:class:`StateStore` on a Redis server (``redis://`` or ``rediss://`` URL, AUTH in it)."""
+
+    def __init__(self, url: str, namespace: str = "kvcast", timeout_s: float = 5.0) -> None:
+        self._client = redis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        )
+        self.prefix = f"{namespace}:{{{namespace}}}:"
+
+    def key(self, *parts: object) -> str:
+        return self.prefix + ":".join(str(p) for p in parts)
+
+    def ping(self) -> None:
+        try:
+            self._client.ping()
+        except _CONNECTION_ERRORS as exc:
+            raise StoreUnavailable(f"redis: {exc}") from None
+
+    def load_partition(self, partition: str) -> PartitionCheckpoint | None:
+        try:
+            pipe = self._client.pipeline(transaction=True)
+            pipe.hgetall(self.key("part", partition))
+            pipe.hgetall(self.key("open", partition))
+            pipe.hgetall(self.key("ids", partition))
+            meta, conversations, ids = pipe.execute()
+        except _CONNECTION_ERRORS as exc:
+            raise StoreUnavailable(f"redis: {exc}") from None
+        if not meta:
+            return None
+        return PartitionCheckpoint(
+            offset=int(meta[b"offset"]),
+            newest_ts=float(meta[b"newest_ts"]),
+            conversations={k.decode(): v for k, v in conversations.items()},
+            seen_ids={k.decode(): float(v) for k, v in ids.items()},
+        )
+
+    def commit(self, delta: PartitionDelta) -> None:
+        part_key = self.key("part", delta.partition)
+        try:
+            with self._client.pipeline(transaction=True) as pipe:
+                pipe.watch(part_key)
+                stored = pipe.hget(part_key, "offset")
+                stored_offset = int(stored) if stored is not None else -1
+                if stored_offset != delta.base_offset:
+                    raise StaleOwner(
+                        f"partition {delta.partition}: stored offset {stored_offset},"
+                        f" expected {delta.base_offset}",
+                        stored_offset,
+                    )
+                pipe.multi()
+                self._queue_delta(pipe, delta)
+                pipe.execute()
+        except WatchError:
+            raise StaleOwner(f"partition {delta.partition} was committed concurrently") from None
+        except _CONNECTION_ERRORS as exc:
+            raise StoreUnavailable(f"redis: {exc}") from None
+
+    def _queue_delta(self, pipe: Any, delta: PartitionDelta) -> None:
+        part = delta.partition
+        pipe.hset(
+            self.key("part", part),
+            mapping={"offset": delta.offset, "newest_ts": repr(delta.newest_ts)},
+        )
+        if delta.upserts:
+            pipe.hset(self.key("open", part), mapping=delta.upserts)
+        if delta.removals:
+            pipe.hdel(self.key("open", part), *delta.removals)
+        if delta.ids_added:
+            pipe.hset(
+                self.key("ids", part),
+                mapping={k: repr(v) for k, v in delta.ids_added.items()},
+            )
+        if delta.ids_removed:
+            pipe.hdel(self.key("ids", part), *delta.ids_removed)
+        pipe.eval(
+            _KEEP_EXTREME, 1, self.key("arr", "meta"), "newest_ts", repr(delta.newest_ts), "max"
+        )
+        for index, bucket in delta.buckets.items():
+            self._queue_bucket(pipe, index, bucket)
+        self._queue_arrivals(pipe, delta.arrivals)
+        counters = delta.counters
+        increments = {"processed": counters.processed, "duplicates": counters.duplicates}
+        increments.update({f"rejected:{r}": n for r, n in counters.rejected.items()})
+        for name, amount in increments.items():
+            if amount:
+                pipe.hincrby(self.key("counters"), name, amount)
+
+    def _queue_bucket(self, pipe: Any, index: int, bucket: Bucket) -> None:
+        key = self.key("bucket", index)
+        pipe.zadd(self.key("buckets"), {str(index): index})
+        pipe.hincrby(key, "n", bucket.conversations)
+        for (intent, turn), sums in bucket.states.items():
+            pipe.hincrby(key, _field("r", intent, turn), sums.reached)
+            if sums.continued:
+                pipe.hincrby(key, _field("c", intent, turn), sums.continued)
+        for intent, moments in bucket.moments.items():
+            for name in _MOMENT_FIELDS:
+                pipe.hincrby(key, _field("m", intent, name), getattr(moments, name))
+        if bucket.delays:
+            pipe.rpush(
+                self.key("delays", index),
+                orjson.dumps([[d.delay_s, d.prev_blocks, d.intent, d.turn] for d in bucket.delays]),
+            )
+
+    def _queue_arrivals(self, pipe: Any, arrivals: ArrivalStats) -> None:
+        for second, counters in arrivals.seconds.items():
+            for name in ("starts", "cached_tokens", "input_tokens"):
+                amount = getattr(counters, name)
+                if amount:
+                    pipe.hincrby(self.key("arr", name), second, amount)
+        if arrivals.start_count:
+            meta = self.key("arr", "meta")
+            pipe.hincrby(meta, "start_count", arrivals.start_count)
+            pipe.eval(_KEEP_EXTREME, 1, meta, "first_start", repr(arrivals.first_start), "min")
+            pipe.eval(_KEEP_EXTREME, 1, meta, "newest_start", repr(arrivals.newest_start), "max")
+
+    def load_window(self, config: StatsConfig) -> WindowState:
+        try:
+            indices = [int(i) for i in self._client.zrange(self.key("buckets"), 0, -1)]
+            pipe = self._client.pipeline(transaction=True)
+            for index in indices:
+                pipe.hgetall(self.key("bucket", index))
+                pipe.lrange(self.key("delays", index), 0, -1)
+            for name in ("starts", "cached_tokens", "input_tokens", "meta"):
+                pipe.hgetall(self.key("arr", name))
+            pipe.hgetall(self.key("counters"))
+            results = pipe.execute()
+        except _CONNECTION_ERRORS as exc:
+            raise StoreUnavailable(f"redis: {exc}") from None
+        window = StatsWindow(config)
+        for position, index in enumerate(indices):
+            window.buckets[index] = _decode_bucket(results[2 * position], results[2 * position + 1])
+        starts, cached, inputs, meta, counters = results[2 * len(indices) :]
+        return WindowState(
+            window=window,
+            arrivals=_decode_arrivals(config.rate_window_s, starts, cached, inputs, meta),
+            counters=_decode_counters(counters),
+            newest_event_time=float(meta.get(b"newest_ts", -math.inf)),
+        )
+
+    def expire(self, bucket_before: int, second_before: int) -> int:
+        try:
+            stale = [
+                int(i)
+                for i in self._client.zrangebyscore(
+                    self.key("buckets"), "-inf", f"({bucket_before}"
+                )
+            ]
+            pipe = self._client.pipeline(transaction=True)
+            if stale:
+                pipe.zrem(self.key("buckets"), *[str(i) for i in stale])
+                pipe.delete(*[self.key("bucket", i) for i in stale])
+                pipe.delete(*[self.key("delays", i) for i in stale])
+            for name in ("starts", "cached_tokens", "input_tokens"):
+                key = self.key("arr", name)
+                old = [f for f in self._client.hkeys(key) if int(f) < second_before]
+                if old:
+                    pipe.hdel(key, *old)
+            pipe.execute()
+        except _CONNECTION_ERRORS as exc:
+            raise StoreUnavailable(f"redis: {exc}") from None
+        return len(stale)
+
+    def publish_table(self, document: dict[str, Any]) -> None:
+        try:
+            self._client.set(self.key("table"), orjson.dumps(document))
+        except _CONNECTION_ERRORS as exc:
+            raise StoreUnavailable(f"redis: {exc}") from None
+
+    def read_table(self) -> dict[str, Any] | None:
+        try:
+            raw = self._client.get(self.key("table"))
+        except _CONNECTION_ERRORS as exc:
+            raise StoreUnavailable(f"redis: {exc}") from None
+        return None if raw is None else orjson.loads(raw)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _decode_bucket(fields: dict[bytes, bytes], delay_batches: list[bytes]) -> Bucket:
+    bucket = Bucket(conversations=int(fields.pop(b"n", 0)))
+    for raw_field, raw_value in fields.items():
+        kind, intent, name = orjson.loads(raw_field)
+        value = int(raw_value)
+        if kind == "m":
+            setattr(bucket.moments.setdefault(intent, MomentSums()), name, value)
+        else:
+            sums = bucket.states.setdefault((intent, name), StateSums())
+            if kind == "r":
+                sums.reached = value
+            else:
+                sums.continued = value
+    for batch in delay_batches:
+        bucket.delays.extend(DelaySample(*row) for row in orjson.loads(batch))
+    return bucket
+
+
+def _decode_arrivals(
+    rate_window_s: int,
+    starts: dict[bytes, bytes],
+    cached: dict[bytes, bytes],
+    inputs: dict[bytes, bytes],
+    meta: dict[bytes, bytes],
+) -> ArrivalStats:
+    arrivals = ArrivalStats(rate_window_s)
+    for source, name in ((starts, "starts"), (cached, "cached_tokens"), (inputs, "input_tokens")):
+        for second, value in source.items():
+            counters = arrivals.seconds.setdefault(int(second), SecondCounters())
+            setattr(counters, name, int(value))
+    arrivals.start_count = int(meta.get(b"start_count", 0))
+    arrivals.first_start = float(meta.get(b"first_start", math.inf))
+    arrivals.newest_start = float(meta.get(b"newest_start", -math.inf))
+    return arrivals
+
+
+def _decode_counters(fields: dict[bytes, bytes]) -> EventCounters:
+    counters = EventCounters()
+    for raw_name, raw_value in fields.items():
+        name, value = raw_name.decode(), int(raw_value)
+        if name == "processed":
+            counters.processed = value
+        elif name == "duplicates":
+            counters.duplicates = value
+        elif name.startswith("rejected:"):
+            counters.rejected[name.removeprefix("rejected:")] = value
+    return counters

@@ -1,0 +1,125 @@
+"""The pages of the daemon's HTTP server, as pure functions of a request: no sockets here.
+
+Every body is JSON except ``/metrics``, and no page echoes the request's path, body or headers.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from http import HTTPStatus
+from typing import Any, NamedTuple, Protocol
+
+import orjson
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+JSON = "application/json"
+_ORJSON_OPTS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+Headers = tuple[tuple[str, str], ...]
+
+
+class PublishedState(Protocol):
+    """What the daemon exposes over HTTP. Called from request threads: must be thread-safe."""
+
+    def forecast_document(self) -> dict[str, Any] | None:
+        """The latest forecast, with its capacity ``curve``; None before the first one."""
+
+    def table_document(self) -> dict[str, Any] | None:
+        """The latest priority table (SPEC 5), with an int ``version``; None before the first."""
+
+    def readiness(self) -> tuple[bool, dict[str, str]]:
+        """(ready, {component: "ok" or the reason it is not})."""
+
+    def liveness(self) -> tuple[bool, str]:
+        """(True, detail) while the main loop is alive, (False, reason) when it is stuck."""
+
+
+class Request(NamedTuple):
+    state: PublishedState
+    registry: CollectorRegistry
+    headers: Any  # anything with .get(name) -> str | None (http.client.HTTPMessage)
+    pretty: bool = False
+
+
+class Response(NamedTuple):
+    status: int
+    body: bytes = b""
+    content_type: str = JSON
+    headers: Headers = ()
+
+
+def json_response(status: int, doc: Any, pretty: bool = False, headers: Headers = ()) -> Response:
+    opts = _ORJSON_OPTS | (orjson.OPT_INDENT_2 if pretty else 0)
+    return Response(status, orjson.dumps(doc, option=opts), JSON, headers)
+
+
+def healthz(req: Request) -> Response:
+    alive, reason = req.state.liveness()
+    if alive:
+        return json_response(HTTPStatus.OK, {"status": "ok"}, req.pretty)
+    doc = {"status": "stuck", "reason": reason}
+    return json_response(HTTPStatus.SERVICE_UNAVAILABLE, doc, req.pretty)
+
+
+def readyz(req: Request) -> Response:
+    ready, components = req.state.readiness()
+    status = HTTPStatus.OK if ready else HTTPStatus.SERVICE_UNAVAILABLE
+    doc = {"status": "ready" if ready else "not_ready", "components": components}
+    return json_response(status, doc, req.pretty)
+
+
+def forecast(req: Request) -> Response:
+    doc = req.state.forecast_document()
+    if doc is None:
+        return json_response(HTTPStatus.SERVICE_UNAVAILABLE, {"status": "warming_up"}, req.pretty)
+    return json_response(HTTPStatus.OK, doc, req.pretty)
+
+
+def table(req: Request) -> Response:
+    """The table with ``ETag: "<version>"``; 304 (no body) when ``If-None-Match`` names it."""
+    doc = req.state.table_document()
+    if doc is None:
+        return json_response(HTTPStatus.SERVICE_UNAVAILABLE, {"status": "warming_up"}, req.pretty)
+    headers: Headers = (("Cache-Control", "no-cache"),)
+    version = doc.get("version")
+    if isinstance(version, int) and not isinstance(version, bool):
+        etag = f'"{version}"'
+        headers += (("ETag", etag),)
+        if etag_matches(req.headers.get("If-None-Match"), etag):
+            return Response(HTTPStatus.NOT_MODIFIED, headers=headers)
+    return json_response(HTTPStatus.OK, doc, req.pretty, headers)
+
+
+def metrics(req: Request) -> Response:
+    """The given registry in the format the scraper accepts (prometheus_client's negotiation).
+
+    A plain scrape gets ``generate_latest`` as ``text/plain; version=0.0.4``; an ``Accept`` of
+    OpenMetrics or of text ``version=1.0.0`` gets that format.
+    """
+    encoder, content_type = choose_encoder(req.headers.get("Accept") or "")
+    return Response(HTTPStatus.OK, encoder(req.registry), content_type)
+
+
+ROUTES: dict[str, Callable[[Request], Response]] = {
+    "/healthz": healthz,
+    "/readyz": readyz,
+    "/metrics": metrics,
+    "/v1/forecast": forecast,
+    "/v1/table": table,
+}
+
+
+def not_found(path: str) -> Response:
+    """404 listing the known paths, the closest ones first (the request path is not echoed)."""
+    close = difflib.get_close_matches(path, list(ROUTES), n=3, cutoff=0.5)
+    doc = {"error": "not found", "did_you_mean": close, "paths": sorted(ROUTES)}
+    return json_response(HTTPStatus.NOT_FOUND, doc)
+
+
+def etag_matches(header: str | None, etag: str) -> bool:
+    """RFC 9110 weak comparison: ``*`` or any listed tag matches, a ``W/`` prefix is ignored."""
+    if not header:
+        return False
+    tags = [tag.strip().removeprefix("W/") for tag in header.split(",")]
+    return "*" in tags or etag in tags

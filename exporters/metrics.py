@@ -1,0 +1,156 @@
+"""Every Prometheus metric kvcast exports, declared here and read at scrape time.
+
+A custom collector turns the publisher's ``metrics_view()`` into metric families when
+Prometheus scrapes, so business code never calls a metrics client. ``describe()`` is defined
+so registering the collector does not trigger a collection. Label cardinality is bounded:
+``intent`` by the taxonomy (at most 64 labels, the rest folded into ``unknown``), ``turn`` by
+``max_turn`` (32), ``reason`` by the fixed rejection reasons, ``target`` by configuration.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.registry import Collector
+
+# name -> (kind, help, labels); kinds: gauge, counter, info.
+METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "kvcast_hit_ratio_forecast": (
+        "gauge",
+        "Forecast prefix-cache hit ratio (intent-aware, 0-1).",
+        (),
+    ),
+    "kvcast_hit_ratio_forecast_single_class": (
+        "gauge",
+        "Forecast hit ratio of the paper's single-class estimator (0-1).",
+        (),
+    ),
+    "kvcast_hit_ratio_upper_bound": ("gauge", "Hit ratio ceiling A_H_hash / A_R (0-1).", ()),
+    "kvcast_hit_ratio_observed": (
+        "gauge",
+        "Hit ratio engines reported via cached_tokens over the rate window (0-1).",
+        (),
+    ),
+    "kvcast_characteristic_time_seconds": ("gauge", "LRU characteristic time T_C (seconds).", ()),
+    "kvcast_conversation_arrival_rate": (
+        "gauge",
+        "New conversations per second over the rate window (all instances).",
+        (),
+    ),
+    "kvcast_capacity_blocks": ("gauge", "Configured KV capacity per instance (blocks).", ()),
+    "kvcast_required_capacity_blocks": (
+        "gauge",
+        "Capacity per instance needed for the target hit ratio (blocks).",
+        ("target",),
+    ),
+    "kvcast_continuation_probability": (
+        "gauge",
+        "P(next turn | intent, turn) from the window (0-1).",
+        ("intent", "turn"),
+    ),
+    "kvcast_reuse_median_seconds": (
+        "gauge",
+        "Median reuse delay exp(mu) of a state (seconds).",
+        ("intent", "turn"),
+    ),
+    "kvcast_window_conversations": ("gauge", "Completed conversations in the window.", ()),
+    "kvcast_events": ("counter", "Events processed (valid, first seen), all instances.", ()),
+    "kvcast_events_rejected": ("counter", "Events rejected, by reason.", ("reason",)),
+    "kvcast_events_duplicate": ("counter", "Duplicate events (same request_id) ignored.", ()),
+    "kvcast_commits": ("counter", "Atomic state commits by this instance.", ()),
+    "kvcast_table_version": ("gauge", "Version of the published priority table.", ()),
+    "kvcast_forecast_age_seconds": ("gauge", "Seconds since the forecast was computed.", ()),
+    "kvcast_forecast_compute_seconds": (
+        "gauge",
+        "Duration of the last store read + forecast + table refresh (seconds).",
+        (),
+    ),
+    "kvcast_consumer_lag_events": ("gauge", "Events in assigned partitions not yet read.", ()),
+    "kvcast_store_up": ("gauge", "1 when the state store answered the last operation.", ()),
+    "kvcast_build": ("info", "kvcast version.", ()),
+}
+
+_FORECAST_GAUGES = {
+    "kvcast_hit_ratio_forecast": "hit_ratio",
+    "kvcast_hit_ratio_forecast_single_class": "hit_ratio_single_class",
+    "kvcast_hit_ratio_upper_bound": "upper_bound",
+    "kvcast_hit_ratio_observed": "observed_hit_ratio",
+    "kvcast_characteristic_time_seconds": "characteristic_time_s",
+    "kvcast_conversation_arrival_rate": "lambda0",
+    "kvcast_capacity_blocks": "capacity_blocks",
+    "kvcast_window_conversations": "window_conversations",
+}
+
+
+def _family(name: str) -> Any:
+    kind, help_text, labels = METRICS[name]
+    if kind == "counter":
+        return CounterMetricFamily(name, help_text, labels=labels)
+    if kind == "info":
+        return InfoMetricFamily(name, help_text)
+    return GaugeMetricFamily(name, help_text, labels=labels)
+
+
+class KvcastCollector(Collector):
+    """Reads ``view()`` (the publisher's ``metrics_view``) once per scrape."""
+
+    def __init__(self, view: Callable[[], dict[str, Any]]) -> None:
+        self._view = view
+        try:
+            self._version = version("kvcast")
+        except PackageNotFoundError:
+            self._version = "unknown"
+
+    def describe(self) -> Iterator[Any]:
+        for name in METRICS:
+            yield _family(name)
+
+    def collect(self) -> Iterator[Any]:
+        view = self._view()
+        forecast = view.get("forecast") or {}
+        families = {name: _family(name) for name in METRICS}
+        for name, key in _FORECAST_GAUGES.items():
+            value = forecast.get(key)
+            if value is not None:
+                families[name].add_metric([], float(value))
+        for required in forecast.get("required_capacity_by_target") or []:
+            if required and required.get("blocks") is not None:
+                families["kvcast_required_capacity_blocks"].add_metric(
+                    [f"{required['target']:g}"], float(required["blocks"])
+                )
+        table = view.get("table")
+        if table is not None:
+            families["kvcast_table_version"].add_metric([], float(table["version"]))
+            for state in table["states"]:
+                labels = [state["intent"], str(state["turn"])]
+                families["kvcast_continuation_probability"].add_metric(labels, state["p_continue"])
+                families["kvcast_reuse_median_seconds"].add_metric(labels, state["median_reuse_s"])
+        if forecast.get("computed_at") is not None:
+            families["kvcast_forecast_age_seconds"].add_metric(
+                [], max(time.time() - forecast["computed_at"], 0.0)
+            )
+        counters = view.get("counters") or {}
+        families["kvcast_events"].add_metric([], float(counters.get("processed", 0)))
+        families["kvcast_events_duplicate"].add_metric([], float(counters.get("duplicates", 0)))
+        for reason, count in (counters.get("rejected_by_reason") or {}).items():
+            families["kvcast_events_rejected"].add_metric([reason], float(count))
+        families["kvcast_commits"].add_metric([], float(view.get("commits", 0)))
+        families["kvcast_forecast_compute_seconds"].add_metric([], view.get("refresh_seconds", 0.0))
+        if view.get("lag") is not None:
+            families["kvcast_consumer_lag_events"].add_metric([], float(view["lag"]))
+        store_state = (view.get("components") or {}).get("store")
+        families["kvcast_store_up"].add_metric([], 1.0 if store_state == "ok" else 0.0)
+        families["kvcast_build"].add_metric([], {"version": self._version})
+        yield from families.values()
+
+
+def build_registry(view: Callable[[], dict[str, Any]]) -> CollectorRegistry:
+    """A fresh registry holding only kvcast's collector (never the global default one)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(KvcastCollector(view))
+    return registry

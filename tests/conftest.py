@@ -1,0 +1,96 @@
+"""Shared fixtures. Service fixtures (Redis, Kafka) are for tests marked `integration`.
+
+A service that does not answer fails the test when CI is set, else skips it, with a message
+naming the service and how to start it (`scripts/services.sh start`; `make test` does it).
+
+    @pytest.mark.integration
+    def test_x(redis_client, redis_namespace, kafka_bootstrap, kafka_topic): ...
+
+    @pytest.mark.parametrize("kafka_topic", [8], indirect=True)   # partitions, default 4
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+from tests import services
+
+SERVICE_FIXTURES = {
+    "redis_url",
+    "redis_client",
+    "redis_namespace",
+    "kafka_bootstrap",
+    "kafka_admin",
+    "kafka_topic",
+}
+
+
+def pytest_configure(config):
+    # kafka-python 3.0 loads its protocol schemas with deprecated importlib.resources calls.
+    for api in ("read_text", "open_text"):
+        config.addinivalue_line("filterwarnings", f"ignore:{api} is deprecated:DeprecationWarning")
+
+
+def pytest_collection_modifyitems(items):
+    # A test that uses a real service is an integration test even if its marker was forgotten,
+    # so that `-m "not integration"` leaves it out.
+    for item in items:
+        if SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    error = services.redis_error(services.REDIS_URL)
+    if error:
+        services.missing("Redis", services.REDIS_URL, error)
+    return services.REDIS_URL
+
+
+@pytest.fixture(scope="session")
+def redis_client(redis_url):
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def redis_namespace(redis_client):
+    """A key prefix of this test alone, `kvcast-test-<uuid>`; its keys are deleted afterwards."""
+    namespace = services.unique_name("kvcast-test")
+    yield namespace
+    services.delete_keys(redis_client, f"{namespace}*")
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> str:
+    error = services.kafka_error(services.KAFKA_BOOTSTRAP)
+    if error:
+        services.missing("Kafka", services.KAFKA_BOOTSTRAP, error)
+    return services.KAFKA_BOOTSTRAP
+
+
+@pytest.fixture(scope="session")
+def kafka_admin(kafka_bootstrap):
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, **services.FAST_CLIENT_SETTINGS)
+    yield admin
+    admin.close()
+
+
+@pytest.fixture
+def kafka_topic(request, kafka_admin) -> str:
+    """A fresh topic (4 partitions unless parametrized indirectly), deleted afterwards."""
+    from kafka.admin import NewTopic
+
+    partitions = getattr(request, "param", 4)
+    name = services.unique_name("kvcast-test")
+    kafka_admin.create_topics([NewTopic(name, partitions, 1)])
+    yield name
+    with contextlib.suppress(Exception):  # a broker gone at teardown took the topic with it
+        kafka_admin.delete_topics([name])

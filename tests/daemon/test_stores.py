@@ -1,0 +1,195 @@
+"""One contract for every state store: the in-memory one and Redis (a real server).
+
+The reference is always the plain :class:`StatsEngine` over the same events: whatever the
+commit points, crashes, partitions or fencing, the stored statistics must equal it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from kvcast.daemon.stores import StaleOwner, StateStore, open_store
+from kvcast.stats.config import StatsConfig
+from kvcast.stats.engine import StatsEngine
+from kvcast.stats.events import Event, parse_event
+from kvcast.stats.generator import generate, preset
+from kvcast.stats.partition import PartitionEngine
+from kvcast.stats.snapshot import take_snapshot
+
+CONFIG = StatsConfig(completion_timeout_s=900, allowed_lateness_s=30, max_turn=8)
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.integration)])
+def store(request: pytest.FixtureRequest) -> Iterator[StateStore]:
+    if request.param == "memory":
+        opened = open_store("memory://")
+    else:
+        url = request.getfixturevalue("redis_url")
+        opened = open_store(url, namespace=request.getfixturevalue("redis_namespace"))
+    yield opened
+    opened.close()
+
+
+@pytest.fixture(scope="module")
+def events() -> list[Event]:
+    trace = generate(preset("mixed"), lambda0=1.0, conversations=400, seed=11, prompts=False)
+    parsed = [parse_event(raw) for raw in trace.events()]
+    # A few duplicates, a rejected payload and a late event, as a real log has them.
+    parsed[50:50] = [parsed[40], parsed[41]]
+    return parsed
+
+
+def reference(events: list[Event]) -> StatsEngine:
+    engine = StatsEngine(CONFIG)
+    for event in events:
+        engine.apply(event, event.intent or "unknown")
+    return engine
+
+
+def stored_snapshot(store: StateStore):
+    state = store.load_window(CONFIG)
+    return take_snapshot(state.window, state.arrivals, CONFIG, state.newest_event_time), state
+
+
+def canonical(snapshot) -> tuple:
+    s = snapshot.sample
+    return (
+        snapshot.states,
+        s.intents,
+        s.by_intent,
+        s.delay_s.tobytes(),
+        s.prev_blocks.tobytes(),
+        s.turn.tobytes(),
+        s.lambda0,
+        s.observed_hit_ratio,
+        snapshot.window_conversations,
+        snapshot.generated_at,
+    )
+
+
+def run_partition(
+    store: StateStore, events: list[Event], commit_every: int, partition: str = "t:0"
+) -> PartitionEngine:
+    engine = PartitionEngine(CONFIG, partition, store.load_partition(partition))
+    for offset in range(engine.offset + 1, len(events)):
+        event = events[offset]
+        engine.apply(event, event.intent or "unknown", offset)
+        if engine.pending_events >= commit_every:
+            store.commit(engine.take_delta())
+    store.commit(engine.take_delta())
+    return engine
+
+
+@pytest.mark.parametrize("commit_every", [1, 7, 10_000])
+def test_committed_statistics_equal_the_reference(
+    store: StateStore, events: list[Event], commit_every: int
+) -> None:
+    run_partition(store, events, commit_every)
+    snapshot, state = stored_snapshot(store)
+    expected = reference(events)
+    assert canonical(snapshot) == canonical(expected.snapshot())
+    assert state.counters.processed == expected.counters.processed
+    assert state.counters.duplicates == expected.counters.duplicates == 2
+
+
+@pytest.mark.parametrize("crash_at", [0, 1, 123, 777])
+def test_a_crash_between_commits_loses_and_doubles_nothing(
+    store: StateStore, events: list[Event], crash_at: int
+) -> None:
+    # The first owner applies events up to crash_at and commits every 50; what it applied
+    # after its last commit dies with it.
+    first = PartitionEngine(CONFIG, "t:0", store.load_partition("t:0"))
+    for offset in range(crash_at):
+        first.apply(events[offset], events[offset].intent or "unknown", offset)
+        if first.pending_events >= 50:
+            store.commit(first.take_delta())
+    del first
+    run_partition(store, events, commit_every=50)
+    snapshot, state = stored_snapshot(store)
+    expected = reference(events)
+    assert canonical(snapshot) == canonical(expected.snapshot())
+    assert state.counters.processed == expected.counters.processed
+
+
+def test_a_fenced_owner_cannot_commit(store: StateStore, events: list[Event]) -> None:
+    old = PartitionEngine(CONFIG, "t:0", store.load_partition("t:0"))
+    new = PartitionEngine(CONFIG, "t:0", store.load_partition("t:0"))
+    for offset in range(20):
+        old.apply(events[offset], "x", offset)
+        new.apply(events[offset], "x", offset)
+    store.commit(new.take_delta())
+    with pytest.raises(StaleOwner):
+        store.commit(old.take_delta())
+    assert store.load_partition("t:0").offset == 19
+
+
+def test_partitions_add_up_like_instances(store: StateStore, events: list[Event]) -> None:
+    by_partition: dict[str, list[Event]] = {"t:0": [], "t:1": [], "t:2": []}
+    for event in events:
+        by_partition[f"t:{sum(event.session_id.encode()) % 3}"].append(event)
+    for partition, partition_events in by_partition.items():
+        run_partition(store, partition_events, commit_every=13, partition=partition)
+    snapshot, _ = stored_snapshot(store)
+    engines = [reference(partition_events) for partition_events in by_partition.values()]
+    merged = engines[0]
+    for other in engines[1:]:
+        merged.merge(other)
+    newest = max(e.tracker.newest_event_time for e in engines)
+    assert canonical(snapshot) == canonical(merged.snapshot(newest))
+
+
+def test_flushed_partition_completes_every_conversation(
+    store: StateStore, events: list[Event]
+) -> None:
+    engine = run_partition(store, events, commit_every=100)
+    engine.flush()
+    store.commit(engine.take_delta())
+    snapshot, _ = stored_snapshot(store)
+    expected = reference(events)
+    expected.finish()
+    assert canonical(snapshot) == canonical(expected.snapshot())
+    assert store.load_partition("t:0").conversations == {}
+
+
+def test_checkpoint_round_trips_open_conversations(store: StateStore, events: list[Event]) -> None:
+    engine = run_partition(store, events[:300], commit_every=25)
+    checkpoint = store.load_partition("t:0")
+    assert checkpoint is not None and checkpoint.offset == 299
+    assert set(checkpoint.conversations) == set(engine.tracker.open_items())
+    assert checkpoint.seen_ids == engine.tracker.seen_ids()
+    assert checkpoint.newest_ts == engine.tracker.newest_event_time
+
+
+def test_expire_drops_old_buckets_and_seconds(store: StateStore, events: list[Event]) -> None:
+    engine = run_partition(store, events, commit_every=100)
+    engine.flush()
+    store.commit(engine.take_delta())
+    state = store.load_window(CONFIG)
+    indices = sorted(state.window.buckets)
+    cut = indices[len(indices) // 2]
+    seconds = sorted(state.arrivals.seconds)
+    second_cut = seconds[len(seconds) // 2]
+    assert store.expire(cut, second_cut) == len(indices) // 2
+    after = store.load_window(CONFIG)
+    assert sorted(after.window.buckets) == indices[len(indices) // 2 :]
+    assert min(after.arrivals.seconds) >= second_cut
+    assert store.expire(cut, second_cut) == 0
+
+
+def test_table_is_replaced_whole(store: StateStore) -> None:
+    assert store.read_table() is None
+    store.publish_table({"version": 1, "states": [{"intent": "x", "turn": 1}]})
+    store.publish_table({"version": 2, "states": []})
+    assert store.read_table() == {"version": 2, "states": []}
+
+
+def test_empty_store_reads_as_no_data(store: StateStore) -> None:
+    state = store.load_window(CONFIG)
+    assert state.window.buckets == {} and state.counters.processed == 0
+    assert state.newest_event_time == -math.inf
+    assert store.load_partition("nope:0") is None
+    assert np.isinf(state.arrivals.first_start)
