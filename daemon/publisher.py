@@ -140,9 +140,15 @@ class Publisher:
             previous = self._table
         version = previous["version"] if previous is not None else self._stored_table_version()
         table = table_document(snapshot, config, version)
-        publish = table_content_changed(previous, table) and (
-            self._clock() - self._table_published_at >= self.settings.table_interval_s
-            or previous is None
+        # Nothing observed yet and nothing published before: engines use the defaults anyway.
+        warming_up = previous is None and not table["states"] and version == 0
+        publish = (
+            not warming_up
+            and table_content_changed(previous, table)
+            and (
+                previous is None
+                or self._clock() - self._table_published_at >= self.settings.table_interval_s
+            )
         )
         if publish:
             table["version"] = version + 1
@@ -151,8 +157,8 @@ class Publisher:
         self._expire(state, snapshot)
         with self._lock:
             self._forecast = forecast
-            if publish or previous is None:
-                self._table = table if publish else previous
+            if publish:
+                self._table = table
             self._counters = state.counters.to_dict()
             self._components["store"] = "ok"
             self._refresh_seconds = time.perf_counter() - started

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any
 
@@ -10,7 +11,8 @@ import orjson
 
 from kvcast.daemon.bench.throughput import run_throughput
 
-SUITES = ("throughput",)
+SUITES = ("throughput", "daemon")
+DEFAULT_SUITES = ("throughput",)  # "daemon" needs a broker and a Redis: ask for it by name
 
 
 def _markdown(rows: list[tuple[str, str, str, str]]) -> str:
@@ -34,16 +36,39 @@ def _markdown(rows: list[tuple[str, str, str, str]]) -> str:
     show_default=True,
     help="Conversations in the throughput workload.",
 )
+@click.option(
+    "--kafka",
+    default="127.0.0.1:19092",
+    show_default=True,
+    envvar="KVCAST_BENCH_KAFKA",
+    help="Broker for the daemon suite.",
+)
+@click.option(
+    "--redis",
+    "redis_url",
+    default="redis://127.0.0.1:6379/0",
+    show_default=True,
+    envvar="KVCAST_BENCH_REDIS",
+    help="Redis for the daemon suite.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object of figures.")
-def bench(suites: tuple[str, ...], conversations: int, as_json: bool) -> None:
+def bench(
+    suites: tuple[str, ...], conversations: int, kafka: str, redis_url: str, as_json: bool
+) -> None:
     """Run the benchmark suites; print a Markdown table (the README's) or JSON."""
-    chosen = suites or SUITES
+    chosen = suites or DEFAULT_SUITES
     results: dict[str, Any] = {}
     rows: list[tuple[str, str, str, str]] = []
     if "throughput" in chosen:
         throughput = run_throughput(conversations=conversations)
         results["throughput"] = throughput.to_dict()
         rows += throughput.rows()
+    if "daemon" in chosen:
+        from kvcast.daemon.bench.daemon_bench import run_daemon_bench
+
+        daemon = run_daemon_bench(kafka, redis_url)
+        results["daemon"] = dataclasses.asdict(daemon)
+        rows += daemon.rows()
     if as_json:
         sys.stdout.buffer.write(orjson.dumps(results, option=orjson.OPT_INDENT_2) + b"\n")
     else:

@@ -8,6 +8,7 @@ in accelerated event time through the full pipeline, the in-memory store, HTTP o
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import orjson
 import tomllib
 
 from kvcast.daemon.options import capacity_options, envvar_for, pop_stats_config, stats_options
@@ -100,11 +102,17 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: Path | None)
         data = tomllib.loads(value.read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise click.BadParameter(f"{value}: {exc}", ctx, param) from None
-    known = {p.name for p in ctx.command.params if p.name}
+    # A key may be the flag's name (capacity-blocks) or the setting's (commit_interval_s).
+    aliases: dict[str, str] = {}
+    for option in ctx.command.params:
+        if option.name and option.name not in ("config", "as_json", "print_config"):
+            aliases[option.name] = option.name
+            for flag in option.opts:
+                aliases[flag.lstrip("-").replace("-", "_")] = option.name
     defaults: dict[str, Any] = {}
     for key, setting in data.items():
-        name = key.replace("-", "_")
-        if name not in known or name in ("config", "as_json"):
+        name = aliases.get(key.replace("-", "_"))
+        if name is None:
             raise click.BadParameter(f"{value}: unknown setting {key!r}", ctx, param)
         defaults[name] = setting
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
@@ -158,8 +166,13 @@ def _run_options(command: Any) -> Any:
     envvar="KVCAST_LOG_LEVEL",
     show_envvar=True,
 )
+@click.option(
+    "--print-config",
+    is_flag=True,
+    help="Print the resolved settings (flags > KVCAST_* > --config file > defaults) and exit.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Status lines as JSON objects.")
-def run(log_level: str, as_json: bool, **kwargs: Any) -> None:
+def run(log_level: str, as_json: bool, print_config: bool, **kwargs: Any) -> None:
     """Run the daemon: consume events, keep statistics, publish forecast and table."""
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -168,6 +181,14 @@ def run(log_level: str, as_json: bool, **kwargs: Any) -> None:
     kwargs["target_hit_ratios"] = tuple(kwargs["target_hit_ratios"])
     try:
         settings = DaemonSettings(stats=stats, **kwargs)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    if print_config:
+        resolved = dataclasses.asdict(settings)
+        resolved["store"] = redact_url(settings.store)
+        click.echo(orjson.dumps(resolved, option=orjson.OPT_INDENT_2).decode())
+        return
+    try:
         store = open_store(settings.store, settings.namespace)
         source = (
             embedded_source(

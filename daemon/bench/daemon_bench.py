@@ -1,0 +1,186 @@
+"""Daemon figures: Kafka -> Redis throughput, recovery after kill -9, memory of open conversations.
+
+Needs a Kafka-protocol broker and a Redis (``scripts/services.sh start`` provides both).
+Baselines run in the same call: a bare kafka-python consumer reading the same topic, so the
+ratio says what the statistics and the atomic commits cost on top of merely consuming.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+import tracemalloc
+import uuid
+from dataclasses import dataclass
+
+import redis
+from kafka import KafkaConsumer, KafkaProducer
+from kafka.admin import KafkaAdminClient, NewTopic
+
+from kvcast.daemon.publisher import Publisher
+from kvcast.daemon.runner import Daemon
+from kvcast.daemon.settings import DaemonSettings
+from kvcast.daemon.sources.kafka_source import GROUP_SETTINGS, KafkaSource
+from kvcast.daemon.stores.redis_store import RedisStore
+from kvcast.stats.config import StatsConfig
+from kvcast.stats.conversations import ConversationTracker
+from kvcast.stats.events import parse_event
+from kvcast.stats.generator import generate, preset
+
+PARTITIONS = 4
+
+
+@dataclass(frozen=True)
+class DaemonBenchResult:
+    events: int
+    consume_per_s: float  # bare kafka-python consumer, same topic
+    daemon_per_s: float  # Kafka -> statistics -> Redis commits, classifier off
+    recovery_s: float  # kill -9 -> restarted daemon committed again
+    catch_up_s: float  # kill -9 -> restarted daemon caught up with the log
+    open_conversation_bytes: float  # tracker memory per open 3-turn conversation
+
+    def rows(self) -> list[tuple[str, str, str, str]]:
+        per_million = self.open_conversation_bytes * 1e6 / 2**30
+        return [
+            ("daemon, Kafka -> Redis (4 partitions)", f"{self.daemon_per_s:,.0f} events/s",
+             f"{self.consume_per_s:,.0f} events/s (bare consumer)",
+             f"{self.daemon_per_s / self.consume_per_s:.2f}"),
+            ("recovery after kill -9", f"{self.recovery_s:.1f} s to first commit,"
+             f" {self.catch_up_s:.1f} s to caught up", "-", "-"),
+            ("memory of open conversations", f"{per_million:.2f} GiB per million (3 turns)",
+             "-", "-"),
+        ]  # fmt: skip
+
+
+def _produce(bootstrap: str, conversations: int) -> tuple[str, int]:
+    topic = f"kvcast-bench-{uuid.uuid4().hex[:8]}"
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])
+    admin.close()
+    trace = generate(preset("mixed"), lambda0=5.0, conversations=conversations, seed=3)
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=1 << 18)
+    count = 0
+    for line, event in zip(trace.jsonl_lines(), trace.events(), strict=True):
+        producer.send(topic, key=event["session_id"].encode(), value=line.rstrip(b"\n"))
+        count += 1
+    producer.flush()
+    producer.close()
+    return topic, count
+
+
+def _bare_consume(bootstrap: str, topic: str, count: int) -> float:
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=f"bare-{uuid.uuid4().hex[:6]}",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        **GROUP_SETTINGS,
+    )
+    seen, started = 0, None
+    while seen < count:
+        batch = consumer.poll(timeout_ms=200, max_records=2000)
+        if batch and started is None:
+            started = time.perf_counter()
+        seen += sum(len(messages) for messages in batch.values())
+    elapsed = time.perf_counter() - (started or time.perf_counter())
+    consumer.close()
+    return count / elapsed
+
+
+def _committed(client: redis.Redis, namespace: str, topic: str) -> int:
+    prefix = f"{namespace}:{{{namespace}}}:part:{topic}:"
+    return sum(int(client.hget(f"{prefix}{p}", "offset") or -1) + 1 for p in range(PARTITIONS))
+
+
+def _daemon_throughput(bootstrap: str, redis_url: str, topic: str, count: int) -> float:
+    namespace = f"bench-{uuid.uuid4().hex[:8]}"
+    settings = DaemonSettings(
+        source=f"kafka://{bootstrap}/{topic}", store=redis_url, namespace=namespace,
+        group_id=f"bench-{namespace}", refresh_interval_s=5, status_interval_s=3600,
+    )  # fmt: skip
+    store = RedisStore(redis_url, namespace)
+    source = KafkaSource(bootstrap, topic, settings.group_id)
+    daemon = Daemon(settings, store, source, Publisher(settings, store, source.health))
+    thread = threading.Thread(target=daemon.run)
+    thread.start()
+    while daemon.events_seen == 0:
+        time.sleep(0.01)
+    started = time.perf_counter()
+    client = redis.Redis.from_url(redis_url)
+    while _committed(client, namespace, topic) < count:
+        time.sleep(0.02)
+    elapsed = time.perf_counter() - started
+    daemon.request_stop()
+    thread.join()
+    return count / elapsed
+
+
+def _recovery(bootstrap: str, redis_url: str, topic: str, count: int) -> tuple[float, float]:
+    namespace = f"bench-{uuid.uuid4().hex[:8]}"
+    args = [
+        sys.executable, "-m", "kvcast.daemon.cli", "run", "--source", f"kafka://{bootstrap}/{topic}",
+        "--store", redis_url, "--namespace", namespace, "--metrics-addr", "127.0.0.1:0",
+        "--commit-interval", "0.5",
+    ]  # fmt: skip
+    client = redis.Redis.from_url(redis_url)
+    first = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while _committed(client, namespace, topic) < count // 3:
+        time.sleep(0.01)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    killed_at, before = time.perf_counter(), _committed(client, namespace, topic)
+    second = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while _committed(client, namespace, topic) == before:
+        time.sleep(0.01)
+    recovered = time.perf_counter() - killed_at
+    while _committed(client, namespace, topic) < count:
+        time.sleep(0.02)
+    caught_up = time.perf_counter() - killed_at
+    second.send_signal(signal.SIGTERM)
+    second.wait(timeout=30)
+    return recovered, caught_up
+
+
+def _open_conversation_bytes(conversations: int = 100_000) -> float:
+    config = StatsConfig(completion_timeout_s=1e9)
+    tracker = ConversationTracker(config)
+    events = [
+        parse_event(
+            {"session_id": f"session-{i:09d}", "turn": t, "timestamp": float(i) + t,
+             "input_tokens": 200 * t, "output_tokens": 50, "intent": "code_generation"}
+        )
+        for i in range(conversations)
+        for t in (1, 2, 3)
+    ]  # fmt: skip
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for event in events:
+        tracker.observe(event, "code_generation")
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    assert tracker.open_conversations == conversations
+    return (after - before) / conversations
+
+
+def run_daemon_bench(
+    bootstrap: str, redis_url: str, conversations: int = 40_000
+) -> DaemonBenchResult:
+    topic, count = _produce(bootstrap, conversations)
+    consume = _bare_consume(bootstrap, topic, count)
+    daemon = _daemon_throughput(bootstrap, redis_url, topic, count)
+    recovered, caught_up = _recovery(bootstrap, redis_url, topic, count)
+    return DaemonBenchResult(
+        events=count,
+        consume_per_s=consume,
+        daemon_per_s=daemon,
+        recovery_s=recovered,
+        catch_up_s=caught_up,
+        open_conversation_bytes=_open_conversation_bytes(),
+    )
+
+
+__all__ = ["DaemonBenchResult", "run_daemon_bench"]
