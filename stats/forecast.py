@@ -12,7 +12,13 @@ w_k and a hit weight v_k):
 - ``sample``: each revisit its own class: w = R_t, v = max(R_t - 1, 0).
 
 ``displacement='whole'`` counts what Algorithm 1 moves (the tail block included); ``'hashable'``
-counts only the hashable blocks, as the paper does. ``paper`` is always hashable.
+counts only the hashable blocks, as the paper does. ``paper`` is always hashable (and unrefined).
+
+Finite-size ``refinement`` (``hit_ratio`` only; ``hit_ratio_single_class`` is always the paper's):
+``none`` (mean field: revisit k hits iff d(W_k) <= N); ``tagged`` (the revisited conversation's
+own R_k blocks count: d(W_k) + R_k <= N, exact and as fast); ``fluctuation`` (tagged, plus
+Gaussian fluctuations of the displacement, ``kvcast.stats.finite_size``; O(points x revisits)).
+The defaults below were chosen by measured error against Algorithm 1 (docs/validation.md).
 """
 
 from __future__ import annotations
@@ -26,14 +32,17 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvcast.stats.delays import DelayDistribution
+from kvcast.stats.finite_size import FluctuationModel, final_blocks_second_moment
 from kvcast.stats.meanfield import EmpiricalModel, HitRatioModel, single_class_model
 from kvcast.stats.sample import WorkloadSample
 
 VARIANTS = ("paper", "paper_whole", "intent", "state", "sample")
 DISPLACEMENTS = ("whole", "hashable")
-# The product's ``hit_ratio``: to be settled by measured error against simulation.
-DEFAULT_VARIANT = "intent"
+REFINEMENTS = ("none", "tagged", "fluctuation")
+# The product's ``hit_ratio``: chosen by measured error against Algorithm 1 (docs/validation.md).
+DEFAULT_VARIANT = "state"
 DEFAULT_DISPLACEMENT = "whole"
+DEFAULT_REFINEMENT = "tagged"
 
 
 @dataclass(frozen=True)
@@ -83,6 +92,7 @@ class Forecast:
     capacity_blocks: float
     block_size: int
     instances: int
+    refinement: str = "none"
     hit_ratio: float | None = None
     hit_ratio_single_class: float | None = None
     upper_bound: float | None = None
@@ -207,12 +217,19 @@ def sample_model(
     lam: float,
     variant: str = DEFAULT_VARIANT,
     displacement: str = DEFAULT_DISPLACEMENT,
-) -> EmpiricalModel:
-    """The exact mean-field model of ``sample`` at per-instance rate ``lam`` (1/s)."""
+    refinement: str = DEFAULT_REFINEMENT,
+) -> HitRatioModel:
+    """The mean-field model of ``sample`` at per-instance rate ``lam`` (1/s), with the
+    finite-size ``refinement`` (see the module docstring)."""
+    if refinement not in REFINEMENTS:
+        raise ValueError(f"refinement must be one of {', '.join(REFINEMENTS)}, got {refinement!r}")
+    if variant == "paper":
+        refinement = "none"  # the paper's estimator, exactly
     tot = sample.total()
     L = tot.conversations
     W, w, v = revisit_weights(sample, variant, displacement)
-    return EmpiricalModel(
+    R = np.asarray(sample.prev_blocks, dtype=np.float64)
+    model = EmpiricalModel(
         W,
         w,
         v,
@@ -220,7 +237,11 @@ def sample_model(
         E_B=tot.sum_B / L if L else 0.0,
         A_R=tot.sum_R / L if L else 0.0,
         L=L,
+        tagged_blocks=R if refinement == "tagged" else None,
     )
+    if refinement != "fluctuation":
+        return model
+    return FluctuationModel(model, W, v, R, EB2=final_blocks_second_moment(sample))
 
 
 def _required(
@@ -282,18 +303,31 @@ def _assemble(
     return forecast, t_c
 
 
-def _by_intent(sample: WorkloadSample, t_c: float) -> tuple[IntentForecast, ...]:
+def _resident(model: HitRatioModel, sample: WorkloadSample, n: float, t_c: float) -> NDArray:
+    """Probability that each revisit k finds its conversation resident at capacity ``n``."""
+    W = np.asarray(sample.delay_s, dtype=np.float64)
+    if isinstance(model, FluctuationModel):
+        return model.resident_probability(n)
+    if isinstance(model, EmpiricalModel) and model.tagged:
+        return (model.displacement(W) + np.asarray(sample.prev_blocks) <= n).astype(np.float64)
+    return (t_c >= W).astype(np.float64)
+
+
+def _by_intent(
+    sample: WorkloadSample, hit_w: NDArray, resident: NDArray
+) -> tuple[IntentForecast, ...]:
+    """Per intent: upper_c times the hit-weighted fraction of its revisits that are resident."""
     L = sample.conversations
     idx = np.asarray(sample.intent, dtype=np.intp)
     m = len(sample.by_intent)
-    n_c = np.bincount(idx, minlength=m)
-    resident = np.bincount(idx[np.asarray(sample.delay_s) <= t_c], minlength=m)
+    n_c = np.bincount(idx, weights=hit_w, minlength=m)
+    res_c = np.bincount(idx, weights=hit_w * resident, minlength=m)
     out = []
     for c, (name, mom) in enumerate(zip(sample.intents, sample.by_intent, strict=True)):
         if mom.conversations <= 0:
             continue
         k = mom.conversations
-        f_c = resident[c] / n_c[c] if n_c[c] else 0.0
+        f_c = res_c[c] / n_c[c] if n_c[c] > 0 else 0.0
         upper_c = mom.sum_H_hash / mom.sum_R if mom.sum_R > 0 else 0.0
         out.append(
             IntentForecast(
@@ -319,26 +353,31 @@ def forecast_from_sample(
     *,
     variant: str = DEFAULT_VARIANT,
     displacement: str = DEFAULT_DISPLACEMENT,
+    refinement: str = DEFAULT_REFINEMENT,
     capacities: Sequence[float] | None = None,
     target: float | None = None,
     kv_bytes_per_token: float | None = None,
 ) -> Forecast:
     """Forecast for one of ``instances`` instances of ``capacity_blocks`` blocks each.
 
-    ``hit_ratio`` uses ``variant``/``displacement``; ``hit_ratio_single_class`` is ``paper``.
+    ``hit_ratio`` uses ``variant``/``displacement``/``refinement``; ``hit_ratio_single_class``
+    is ``paper`` (mean field, no refinement).
     """
     lambda0 = sample.lambda0
     _validate(
         capacity_blocks, block_size, instances, lambda0, capacities, target, kv_bytes_per_token
     )
+    if refinement not in REFINEMENTS:
+        raise ValueError(f"refinement must be one of {', '.join(REFINEMENTS)}, got {refinement!r}")
     if variant == "paper":
-        displacement = "hashable"
+        displacement, refinement = "hashable", "none"
     lam, rate_status = _rate(lambda0, instances)
     tot = sample.total()
     L = tot.conversations
     fields: dict[str, Any] = dict(
         variant=variant,
         displacement=displacement,
+        refinement=refinement,
         capacity_blocks=capacity_blocks,
         block_size=int(block_size),
         instances=int(instances),
@@ -360,12 +399,17 @@ def forecast_from_sample(
         E_B=tot.sum_B / L,
         E_M=tot.sum_M / L,
     )
-    model = sample_model(sample, lam, variant, displacement)
-    single = model if variant == "paper" else sample_model(sample, lam, "paper")
+    # The paper's estimator is the paper's exactly; without a rate nothing displaces.
+    plain = variant == "paper" or rate_status is not None
+    model = sample_model(sample, lam, variant, displacement, "none" if plain else refinement)
+    exact_paper = variant == "paper"
+    single = model if exact_paper else sample_model(sample, lam, "paper", refinement="none")
     forecast, t_c = _assemble(
         model, single, fields, capacities, target, kv_bytes_per_token, rate_status
     )
-    return replace(forecast, by_intent=_by_intent(sample, t_c))
+    _, _, hit_w = revisit_weights(sample, variant, displacement)
+    resident = _resident(model, sample, float(capacity_blocks), t_c)
+    return replace(forecast, by_intent=_by_intent(sample, hit_w, resident))
 
 
 def forecast_from_moments(

@@ -12,6 +12,11 @@ delay ``W_k``, move weight ``w_k`` (blocks moved to MRU) and hit weight ``v_k`` 
 
 ``EmpiricalModel`` solves it exactly (d is piecewise linear). ``ParametricModel`` is the
 single-class form with a parametric F, solved with Brent's method.
+
+Tagged-conversation size (finite-size refinement, ``tagged_blocks``): in Algorithm 1 the
+revisited conversation's own ``R_k`` resident blocks count against N, so it is evicted once the
+content touched since its last visit exceeds ``N - R_k``: revisit k hits iff
+``d(W_k) + R_k <= N`` (the plain form is ``d(W_k) <= N``; the two agree as N grows).
 """
 
 from __future__ import annotations
@@ -55,7 +60,8 @@ class EmpiricalModel:
     """Exact solver of the generic form over revisit samples (see module docstring).
 
     Build once (sort, O(n log n)); every query is a vectorised ``searchsorted``.
-    ``L * A_R`` normalises h; with ``L * A_R == 0`` the hit ratio is 0.
+    ``L * A_R`` normalises h; with ``L * A_R == 0`` the hit ratio is 0. ``tagged_blocks``
+    (R_k per revisit, blocks) turns on the tagged-size condition ``d(W_k) + R_k <= N``.
     """
 
     def __init__(
@@ -68,6 +74,7 @@ class EmpiricalModel:
         E_B: float,
         A_R: float,
         L: float,
+        tagged_blocks: ArrayLike | None = None,
     ) -> None:
         W = np.asarray(delays_s, dtype=np.float64).ravel()
         w = np.broadcast_to(np.asarray(move_blocks, dtype=np.float64), W.shape)
@@ -104,6 +111,17 @@ class EmpiricalModel:
         self._hcum: NDArray[np.float64] = cv / norm if norm > 0 else np.zeros_like(cv)
         self._lo = np.concatenate(([0.0], Wu))
         self._hi = np.concatenate((Wu, [np.inf]))
+        self.tagged = tagged_blocks is not None
+        if self.tagged:
+            r = np.broadcast_to(np.asarray(tagged_blocks, dtype=np.float64), W.shape)
+            if r.size and (not np.all(np.isfinite(r)) or r.min() < 0):
+                raise ValueError("tagged blocks must be finite and non-negative")
+            # Revisit k hits iff N >= key_k = d(W_k) + R_k: h(N) is a step function of N.
+            key = self.displacement(W) + r
+            korder = np.argsort(key, kind="stable")
+            self._keys: NDArray[np.float64] = key[korder]
+            ck = np.concatenate(([0.0], np.cumsum(v[korder])))
+            self._hkeys: NDArray[np.float64] = ck / norm if norm > 0 else np.zeros_like(ck)
 
     @property
     def upper_bound(self) -> float:
@@ -134,8 +152,11 @@ class EmpiricalModel:
         return self._hcum[k]
 
     def hit_ratio(self, capacity: ArrayLike) -> NDArray[np.float64]:
-        """h at capacity N: the samples whose d(W_k) <= N are resident at T_C."""
-        return self._hcum[self._segment(np.asarray(capacity, dtype=np.float64))]
+        """h at capacity N: the samples whose d(W_k) <= N (tagged: + R_k) are still resident."""
+        n = np.asarray(capacity, dtype=np.float64)
+        if self.tagged:
+            return self._hkeys[np.searchsorted(self._keys, n, side="right")]
+        return self._hcum[self._segment(n)]
 
     def curve(self, capacity: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """(T_C, h) for every capacity N (vectorised)."""
@@ -151,10 +172,11 @@ class EmpiricalModel:
         """
         if target <= 0:
             return 0.0
-        j = int(np.searchsorted(self._hcum, target, side="left"))
-        if j >= self._hcum.size:
+        cum, at = (self._hkeys, self._keys) if self.tagged else (self._hcum, self._d_at)
+        j = int(np.searchsorted(cum, target, side="left"))
+        if j >= cum.size:
             return None
-        return 0.0 if j == 0 else float(self._d_at[j - 1])
+        return 0.0 if j == 0 else float(at[j - 1])
 
 
 class ParametricModel:

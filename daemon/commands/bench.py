@@ -10,9 +10,11 @@ import click
 import orjson
 
 from kvcast.daemon.bench.throughput import run_throughput
+from kvcast.daemon.bench.validation import ValidationGrid, measure_speed, run_validation
 
-SUITES = ("throughput", "daemon")
-DEFAULT_SUITES = ("throughput",)  # "daemon" needs a broker and a Redis: ask for it by name
+SUITES = ("throughput", "solver", "validation", "daemon")
+# "validation" takes minutes and "daemon" needs a broker and a Redis: ask for them by name.
+DEFAULT_SUITES = ("throughput", "solver")
 
 
 def _markdown(rows: list[tuple[str, str, str, str]]) -> str:
@@ -51,9 +53,15 @@ def _markdown(rows: list[tuple[str, str, str, str]]) -> str:
     envvar="KVCAST_BENCH_REDIS",
     help="Redis for the daemon suite.",
 )
+@click.option("--quick", is_flag=True, help="Validation suite: the small grid of the tests.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object of figures.")
 def bench(
-    suites: tuple[str, ...], conversations: int, kafka: str, redis_url: str, as_json: bool
+    suites: tuple[str, ...],
+    conversations: int,
+    kafka: str,
+    redis_url: str,
+    quick: bool,
+    as_json: bool,
 ) -> None:
     """Run the benchmark suites; print a Markdown table (the README's) or JSON."""
     chosen = suites or DEFAULT_SUITES
@@ -63,6 +71,24 @@ def bench(
         throughput = run_throughput(conversations=conversations)
         results["throughput"] = throughput.to_dict()
         rows += throughput.rows()
+    if "solver" in chosen and "validation" not in chosen:
+        speed = measure_speed()
+        results["solver"] = {**dataclasses.asdict(speed), "ratio": speed.ratio}
+        rows.append(
+            (
+                f"capacity curve, {speed.points} points, {speed.delays:,} delays",
+                f"{speed.exact_s * 1e3:.2f} ms (exact piecewise-linear solver)",
+                f"{speed.naive_s * 1e3:.0f} ms (brentq per point, numpy d(T))",
+                f"{speed.ratio:,.0f}x",
+            )
+        )
+    if "validation" in chosen:
+        grid = ValidationGrid.quick() if quick else ValidationGrid()
+        report = run_validation(grid, progress=lambda line: click.echo(line, err=True))
+        results["validation"] = report.to_dict()
+        rows += report.rows()
+        if not as_json:
+            click.echo(report.to_markdown())
     if "daemon" in chosen:
         from kvcast.daemon.bench.daemon_bench import run_daemon_bench
 

@@ -12,6 +12,9 @@ from hypothesis import strategies as st
 
 from kvcast.stats.delays import Empirical, Exponential
 from kvcast.stats.forecast import (
+    DEFAULT_DISPLACEMENT,
+    DEFAULT_REFINEMENT,
+    DEFAULT_VARIANT,
     VARIANTS,
     Forecast,
     forecast_from_moments,
@@ -103,7 +106,11 @@ def test_single_class_keys_and_default() -> None:
     s = make_sample(np.random.default_rng(2), 1000, MIX)
     f = forecast_from_sample(s, 2000)
     paper = forecast_from_sample(s, 2000, variant="paper")
-    assert f.variant == "intent" and f.displacement == "whole"
+    assert (f.variant, f.displacement, f.refinement) == (
+        DEFAULT_VARIANT,
+        DEFAULT_DISPLACEMENT,
+        DEFAULT_REFINEMENT,
+    )
     assert f.hit_ratio_single_class == paper.hit_ratio == paper.hit_ratio_single_class
     tot = s.total()
     assert pytest.approx(tot.sum_R / tot.conversations) == f.A_R
@@ -114,7 +121,9 @@ def test_paper_equals_intent_with_one_intent() -> None:
     s = make_sample(np.random.default_rng(3), 1500, {"only": (3.0, 120.0, 10.0)})
     for cap in (200, 1000, 5000):
         a = forecast_from_sample(s, cap, variant="paper")
-        b = forecast_from_sample(s, cap, variant="intent", displacement="hashable")
+        b = forecast_from_sample(
+            s, cap, variant="intent", displacement="hashable", refinement="none"
+        )
         assert b.hit_ratio == pytest.approx(a.hit_ratio, rel=1e-12)
         assert b.characteristic_time_s == pytest.approx(a.characteristic_time_s, rel=1e-12)
         c = forecast_from_sample(s, cap, variant="paper_whole")
