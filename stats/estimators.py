@@ -1,0 +1,95 @@
+"""The estimator variants: per-revisit weights and the model they define (SPEC section 4).
+
+Each revisit sample k gets a move weight w_k (blocks it moves ahead of others) and a hit
+weight v_k (blocks it reuses when it hits); every variant is solved exactly by
+``EmpiricalModel``. See ``kvcast.stats.forecast`` for what each variant and refinement means.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kvcast.stats.finite_size import FluctuationModel, final_blocks_second_moment
+from kvcast.stats.meanfield import EmpiricalModel, HitRatioModel
+from kvcast.stats.sample import WorkloadSample
+
+VARIANTS = ("paper", "paper_whole", "intent", "state", "sample")
+DISPLACEMENTS = ("whole", "hashable")
+REFINEMENTS = ("none", "tagged", "fluctuation")
+# The product's ``hit_ratio``: chosen by measured error against Algorithm 1 (docs/validation.md).
+DEFAULT_VARIANT = "state"
+DEFAULT_DISPLACEMENT = "whole"
+DEFAULT_REFINEMENT = "tagged"
+
+
+def revisit_weights(
+    sample: WorkloadSample, variant: str, displacement: str = DEFAULT_DISPLACEMENT
+) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+    """(W seconds, move weight w blocks, hit weight v blocks) per revisit for ``variant``."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
+    if displacement not in DISPLACEMENTS:
+        raise ValueError(f"displacement must be 'whole' or 'hashable', got {displacement!r}")
+    W = np.asarray(sample.delay_s, dtype=np.float64)
+    n = W.size
+    if n == 0:
+        return W, np.zeros(0), np.zeros(0)
+    prev = np.asarray(sample.prev_blocks, dtype=np.float64)
+    prev_hash = np.maximum(prev - 1.0, 0.0)
+    hashable = displacement == "hashable"
+    if variant in ("paper", "paper_whole"):
+        tot = sample.total()
+        move = tot.sum_H_hash if variant == "paper" or hashable else tot.sum_H
+        return W, np.full(n, move / n), np.full(n, tot.sum_H_hash / n)
+    if variant == "sample":
+        return W, (prev_hash if hashable else prev), prev_hash
+    if variant == "intent":
+        idx = np.asarray(sample.intent, dtype=np.intp)
+        m = len(sample.by_intent)
+        counts = np.bincount(idx, minlength=m).astype(np.float64)
+        h = np.array([b.sum_H_hash if hashable else b.sum_H for b in sample.by_intent])
+        hh = np.array([b.sum_H_hash for b in sample.by_intent])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return W, (h / counts)[idx], (hh / counts)[idx]
+    # state: (intent, turn) classes
+    key = np.asarray(sample.intent, dtype=np.int64) * (int(np.max(sample.turn)) + 1) + np.asarray(
+        sample.turn, dtype=np.int64
+    )
+    _, inv = np.unique(key, return_inverse=True)
+    cnt = np.bincount(inv).astype(np.float64)
+    mean_hash = (np.bincount(inv, weights=prev_hash) / cnt)[inv]
+    mean_prev = (np.bincount(inv, weights=prev) / cnt)[inv]
+    return W, (mean_hash if hashable else mean_prev), mean_hash
+
+
+def sample_model(
+    sample: WorkloadSample,
+    lam: float,
+    variant: str = DEFAULT_VARIANT,
+    displacement: str = DEFAULT_DISPLACEMENT,
+    refinement: str = DEFAULT_REFINEMENT,
+) -> HitRatioModel:
+    """The mean-field model of ``sample`` at per-instance rate ``lam`` (1/s), with the
+    finite-size ``refinement`` (see the module docstring)."""
+    if refinement not in REFINEMENTS:
+        raise ValueError(f"refinement must be one of {', '.join(REFINEMENTS)}, got {refinement!r}")
+    if variant == "paper":
+        refinement = "none"  # the paper's estimator, exactly
+    tot = sample.total()
+    L = tot.conversations
+    W, w, v = revisit_weights(sample, variant, displacement)
+    R = np.asarray(sample.prev_blocks, dtype=np.float64)
+    model = EmpiricalModel(
+        W,
+        w,
+        v,
+        lam=lam,
+        E_B=tot.sum_B / L if L else 0.0,
+        A_R=tot.sum_R / L if L else 0.0,
+        L=L,
+        tagged_blocks=R if refinement == "tagged" else None,
+    )
+    if refinement != "fluctuation":
+        return model
+    return FluctuationModel(model, W, v, R, EB2=final_blocks_second_moment(sample))
