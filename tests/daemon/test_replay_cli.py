@@ -83,9 +83,7 @@ def test_flags_change_the_statistics(log_file: Path) -> None:
 
 
 def test_environment_variables_feed_the_flags(log_file: Path) -> None:
-    out = CliRunner().invoke(
-        cli, ["replay", str(log_file), "--json"], env={"KVCAST_MAX_TURN": "3"}
-    )
+    out = CliRunner().invoke(cli, ["replay", str(log_file), "--json"], env={"KVCAST_MAX_TURN": "3"})
     assert max(s["turn"] for s in orjson.loads(out.stdout)["table"]["states"]) == 3
 
 
