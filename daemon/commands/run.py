@@ -74,6 +74,12 @@ _RUN_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
         "Seconds between status lines.",
     ),
     (
+        "--max-backoff",
+        "max_backoff_s",
+        click.FloatRange(min=0, min_open=True),
+        "Longest wait (s) between retries while the store is unreachable.",
+    ),
+    (
         "--shutdown-timeout",
         "shutdown_timeout_s",
         click.FloatRange(min=0, min_open=True),

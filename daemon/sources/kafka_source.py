@@ -28,6 +28,10 @@ GROUP_SETTINGS: dict[str, int] = {
 }
 
 
+# A coordinator away for longer than this (s) makes the source not ready.
+COORDINATOR_GRACE_S = 3.0
+
+
 def partition_name(topic: str, partition: int) -> str:
     return f"{topic}:{partition}"
 
@@ -71,6 +75,7 @@ class KafkaSource:
         self._subscribed = False
         self._last_ok = time.monotonic()
         self._last_error = ""
+        self._coordinator_lost_since: float | None = None
 
     def set_listener(self, listener: PartitionListener) -> None:
         self.listener = listener
@@ -87,6 +92,7 @@ class KafkaSource:
             time.sleep(min(timeout_s, 1.0))
             return []
         self._last_ok = time.monotonic()
+        self._check_coordinator()
         records = [
             Record(partition_name(tp.topic, tp.partition), message.offset, message.value)
             for tp, messages in batches.items()
@@ -94,6 +100,19 @@ class KafkaSource:
         ]
         records.sort(key=lambda r: (r.partition, r.offset))
         return records
+
+    def _check_coordinator(self) -> None:
+        """Note when the group coordinator became unreachable (poll does not raise for that:
+        kafka-python keeps reconnecting quietly). Runs on the consumer's own thread."""
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        try:
+            lost = coordinator is not None and coordinator.coordinator_unknown()
+        except Exception:  # a private API of kafka-python: never let it break consumption
+            lost = False
+        if not lost:
+            self._coordinator_lost_since = None
+        elif self._coordinator_lost_since is None:
+            self._coordinator_lost_since = time.monotonic()
 
     def seek(self, partition: str, offset: int) -> None:
         self._consumer.seek(parse_partition_name(partition), max(offset, 0))
@@ -121,6 +140,9 @@ class KafkaSource:
         return False
 
     def health(self) -> tuple[bool, str]:
+        lost_since = self._coordinator_lost_since
+        if lost_since is not None and time.monotonic() - lost_since > COORDINATOR_GRACE_S:
+            return False, f"group coordinator unreachable for {time.monotonic() - lost_since:.0f} s"
         silent_s = time.monotonic() - self._last_ok
         if silent_s > 30:
             return (
