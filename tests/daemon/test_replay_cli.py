@@ -122,3 +122,16 @@ def test_empty_file_reports_no_data(tmp_path: Path) -> None:
     body = orjson.loads(result.stdout)
     assert body["forecast"]["status"] == "no_data" and body["forecast"]["hit_ratio"] is None
     assert body["table"]["states"] == [] and body["events"]["processed"] == 0
+
+
+def test_progress_goes_to_the_given_stream_only(log_file: Path) -> None:
+    import io
+
+    from kvcast.daemon.commands.replay import replay_file
+    from kvcast.stats.config import StatsConfig
+
+    progress = io.StringIO()
+    result = replay_file(log_file, StatsConfig(), capacity_blocks=2275, progress=progress)
+    lines = progress.getvalue()
+    assert "events/s" in lines and "rejected 2" in lines and "duplicates 1" in lines
+    assert result["events"]["rejected"] == 2
