@@ -15,6 +15,7 @@ from kvcast.stats.config import StatsConfig
 from kvcast.stats.engine import StatsEngine
 from kvcast.stats.events import parse_event
 from kvcast.stats.snapshot import Snapshot
+from tests.support import canonical
 
 INTENTS = ("code_generation", "chitchat", "translation")
 CONFIG = StatsConfig(
@@ -167,22 +168,6 @@ def shuffled_within_lateness(events: list[dict], lateness: float, seed: int) -> 
     rng = np.random.default_rng(seed)
     keys = [e["timestamp"] + rng.uniform(0, 0.9 * lateness) for e in events]
     return [e for _, e in sorted(zip(keys, events, strict=True), key=lambda p: p[0])]
-
-
-def canonical(snapshot: Snapshot) -> tuple:
-    s = snapshot.sample
-    return (
-        snapshot.states,
-        s.intents,
-        s.by_intent,
-        s.delay_s.tobytes(),
-        s.prev_blocks.tobytes(),
-        s.intent.tobytes(),
-        s.turn.tobytes(),
-        s.lambda0,
-        s.observed_hit_ratio,
-        snapshot.window_conversations,
-    )
 
 
 @settings(max_examples=15, deadline=None)
