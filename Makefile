@@ -4,13 +4,17 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TORCH ?= torch==2.13.0
 
 .PHONY: setup run test lint bench clean services-start services-stop services-status
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[test,bench]"
+	# CPU build of torch first (an unpinned torch pulls a multi-GB CUDA build); on a GPU
+	# machine run `make setup TORCH=torch` (or any CUDA wheel spec) instead.
+	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet -e ".[test,bench,classifier]"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -21,6 +25,7 @@ run: $(STAMP)
 # The integration tests use a real Redis and Kafka broker: scripts/services.sh starts what does
 # not answer yet, runs pytest, stops what it started (also on failure) and keeps pytest's status.
 test: $(STAMP)
+	bash scripts/system_deps.sh
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	bash scripts/services.sh run $(BIN)/pytest $(PYTEST_ARGS)

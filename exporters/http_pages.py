@@ -14,6 +14,8 @@ import orjson
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from kvcast.exporters import status_page
+
 JSON = "application/json"
 _ORJSON_OPTS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 Headers = tuple[tuple[str, str], ...]
@@ -101,7 +103,14 @@ def metrics(req: Request) -> Response:
     return Response(HTTPStatus.OK, encoder(req.registry), content_type)
 
 
+def status(req: Request) -> Response:
+    """The HTML status page; it fetches ``/v1/forecast`` and ``/v1/table`` itself."""
+    page = status_page.html()
+    return Response(HTTPStatus.OK, page, status_page.CONTENT_TYPE, status_page.HEADERS)
+
+
 ROUTES: dict[str, Callable[[Request], Response]] = {
+    "/": status,
     "/healthz": healthz,
     "/readyz": readyz,
     "/metrics": metrics,
@@ -112,8 +121,9 @@ ROUTES: dict[str, Callable[[Request], Response]] = {
 
 def not_found(path: str) -> Response:
     """404 listing the known paths, the closest ones first (the request path is not echoed)."""
-    close = difflib.get_close_matches(path, list(ROUTES), n=3, cutoff=0.5)
-    doc = {"error": "not found", "did_you_mean": close, "paths": sorted(ROUTES)}
+    api = sorted(p for p in ROUTES if p != "/")  # the page at / is for people, not clients
+    close = difflib.get_close_matches(path, api, n=3, cutoff=0.5)
+    doc = {"error": "not found", "did_you_mean": close, "paths": api}
     return json_response(HTTPStatus.NOT_FOUND, doc)
 
 

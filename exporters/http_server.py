@@ -1,7 +1,7 @@
 """The daemon's HTTP server: stdlib ``http.server``, one daemon thread per connection.
 
-Endpoints (GET and HEAD): ``/healthz``, ``/readyz``, ``/v1/forecast``, ``/v1/table`` and
-``/metrics``; the pages themselves live in :mod:`kvcast.exporters.http_pages`.
+Endpoints (GET and HEAD): ``/`` (the status page), ``/healthz``, ``/readyz``, ``/v1/forecast``,
+``/v1/table`` and ``/metrics``; the pages themselves live in :mod:`kvcast.exporters.http_pages`.
 """
 
 from __future__ import annotations

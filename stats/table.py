@@ -14,6 +14,8 @@ def table_document(snapshot: Snapshot, config: StatsConfig, version: int) -> dic
         "version": version,
         "generated_at": snapshot.generated_at,
         "window_conversations": snapshot.window_conversations,
+        # Turns above it share its state: clients cap a node's turn here before looking it up.
+        "max_turn": config.max_turn,
         "defaults": {
             "p_continue": config.default_p_continue,
             "median_reuse_s": config.default_median_reuse_s,

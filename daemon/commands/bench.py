@@ -11,10 +11,11 @@ import orjson
 
 from kvcast.daemon.bench.throughput import run_throughput
 from kvcast.daemon.bench.validation import ValidationGrid, measure_speed, run_validation
+from kvcast.exporters.bench_client import run_client_bench
 
-SUITES = ("throughput", "solver", "validation", "daemon")
+SUITES = ("throughput", "solver", "client", "validation", "daemon")
 # "validation" takes minutes and "daemon" needs a broker and a Redis: ask for them by name.
-DEFAULT_SUITES = ("throughput", "solver")
+DEFAULT_SUITES = ("throughput", "solver", "client")
 
 
 def _markdown(rows: list[tuple[str, str, str, str]]) -> str:
@@ -82,6 +83,10 @@ def bench(
                 f"{speed.ratio:,.0f}x",
             )
         )
+    if "client" in chosen:
+        client = run_client_bench()
+        results["client"] = client.to_dict()
+        rows += client.rows()
     if "validation" in chosen:
         grid = ValidationGrid.quick() if quick else ValidationGrid()
         report = run_validation(grid, progress=lambda line: click.echo(line, err=True))
