@@ -6,7 +6,7 @@ speed gives exactly the numbers the live daemon would.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,11 +24,12 @@ MAX_INTENT_LABELS = 64
 class IntentLabeller:
     """The intent of an event: the producer's label when given, else ``unknown``.
 
-    The classifier (a later stage) plugs in as ``classify``; it sees the event and returns a
-    label. Labels beyond ``max_labels`` distinct ones are folded into ``unknown``.
+    The classifier plugs in as ``classify`` (one event) or ``classify_batch`` (a consumer poll's
+    events at once). Labels beyond ``max_labels`` distinct ones are folded into ``unknown``.
     """
 
     classify: Callable[[Event], str] | None = None
+    classify_batch: Callable[[Sequence[Event]], list[str]] | None = None
     max_labels: int = MAX_INTENT_LABELS
     labels: set[str] = field(default_factory=set)
     folded: int = 0
@@ -37,6 +38,22 @@ class IntentLabeller:
         label = event.intent
         if label is None:
             label = self.classify(event) if self.classify is not None else UNKNOWN
+        return self._bounded(label)
+
+    def label_batch(self, events: Sequence[Event]) -> list[str]:
+        """Labels of several events in order; those without one are classified together."""
+        if self.classify_batch is None:
+            return [self(event) for event in events]
+        missing = [i for i, event in enumerate(events) if event.intent is None]
+        labels: list[str] = [event.intent or UNKNOWN for event in events]
+        if missing:
+            for index, label in zip(
+                missing, self.classify_batch([events[i] for i in missing]), strict=True
+            ):
+                labels[index] = label
+        return [self._bounded(label) for label in labels]
+
+    def _bounded(self, label: str) -> str:
         if label in self.labels or label == UNKNOWN:
             return label
         if len(self.labels) < self.max_labels:

@@ -44,11 +44,13 @@ class Publisher:
         store: StateStore,
         source_health: Callable[[], tuple[bool, str]],
         clock: Callable[[], float] = time.monotonic,
+        extra_metrics: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self._source_health = source_health
         self._clock = clock
+        self._classifier_metrics = extra_metrics
         self._lock = threading.Lock()
         self._forecast: dict[str, Any] | None = None
         self._table: dict[str, Any] | None = None
@@ -203,8 +205,10 @@ class Publisher:
 
     def metrics_view(self) -> dict[str, Any]:
         """Everything the Prometheus collector reads, in one consistent copy."""
+        classifier = self._classifier_metrics() if self._classifier_metrics else None
         with self._lock:
             return {
+                "classifier": classifier,
                 "forecast": self._forecast,
                 "table": self._table,
                 "counters": dict(self._counters),

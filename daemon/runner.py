@@ -24,7 +24,7 @@ from kvcast.daemon.publisher import Publisher, format_status
 from kvcast.daemon.settings import DaemonSettings
 from kvcast.daemon.sources.base import EventSource, Record
 from kvcast.daemon.stores import StaleOwner, StateStore, StoreUnavailable
-from kvcast.stats.events import EventRejected, parse_event
+from kvcast.stats.events import Event, EventRejected, parse_event
 from kvcast.stats.partition import PartitionDelta, PartitionEngine
 
 log = logging.getLogger(__name__)
@@ -98,9 +98,7 @@ class Daemon:
             self._load_partitions(sorted(self._awaiting_load))
         if self._uncommitted() >= self.settings.max_uncommitted_events:
             self._pause_for_store()
-        records = self.source.poll(POLL_TIMEOUT_S, POLL_MAX_RECORDS)
-        for record in records:
-            self._apply(record)
+        self._apply_batch(self.source.poll(POLL_TIMEOUT_S, POLL_MAX_RECORDS))
         if self.source.finished() and not self._flushed and not self._awaiting_load:
             for engine in self._engines.values():
                 engine.flush()
@@ -159,17 +157,30 @@ class Daemon:
             self.source.seek(partition, engine.offset + 1)
             self.source.resume([partition])
 
-    def _apply(self, record: Record) -> None:
-        engine = self._engines.get(record.partition)
-        if engine is None or record.offset <= engine.offset:
-            return  # not ours (any more), or already applied before a restart
-        self.events_seen += 1
-        try:
-            event = parse_event(record.value)
-        except EventRejected as rejection:
-            engine.reject(rejection.reason, record.offset)
-            return
-        engine.apply(event, self.labeller(event), record.offset)
+    def _apply_batch(self, records: list[Record]) -> None:
+        """Validate a poll's records, label them together (one classifier batch), apply."""
+        valid: list[tuple[PartitionEngine, Record, Event]] = []
+        for record in records:
+            engine = self._engines.get(record.partition)
+            if engine is None or record.offset <= engine.offset:
+                continue  # not ours (any more), or already applied before a restart
+            self.events_seen += 1
+            try:
+                event = parse_event(record.value)
+            except EventRejected as rejection:
+                if valid:  # keep offsets in order: apply what came before first
+                    self._apply_valid(valid)
+                    valid = []
+                engine.reject(rejection.reason, record.offset)
+                continue
+            valid.append((engine, record, event))
+        if valid:
+            self._apply_valid(valid)
+
+    def _apply_valid(self, valid: list[tuple[PartitionEngine, Record, Event]]) -> None:
+        labels = self.labeller.label_batch([event for _, _, event in valid])
+        for (engine, record, event), label in zip(valid, labels, strict=True):
+            engine.apply(event, label, record.offset)
 
     # -- commits -----------------------------------------------------------------------------
 

@@ -39,6 +39,11 @@ class DaemonSettings:
     status_interval_s: float = 5.0
     shutdown_timeout_s: float = 10.0
     max_backoff_s: float = 30.0
+    classifier: str = "auto"  # off | auto (when installed; not for the embedded default) | on
+    classifier_budget_s: float = 0.05  # per consumer poll; unanswered events are `unknown`
+    classifier_backbone: str | None = None  # a local path or cached model name; None: default
+    classifier_head: str | None = None  # a head file; None: the shipped head or zero-shot
+    taxonomy: int = 30  # 30, 20 or 10 intent categories (the IAC paper's merges)
     speedup: float = 240.0  # embedded default: event seconds per wall second
     sample_conversations: int = 20_000  # embedded default: size of the generated workload
     stats: StatsConfig = field(default_factory=StatsConfig)
@@ -79,6 +84,12 @@ class DaemonSettings:
         ):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.classifier not in ("off", "auto", "on"):
+            problems.append(f"classifier {self.classifier!r}: expected off, auto or on")
+        if not self.classifier_budget_s > 0:
+            problems.append(f"classifier_budget_s must be > 0, got {self.classifier_budget_s}")
+        if self.taxonomy not in (30, 20, 10):
+            problems.append(f"taxonomy must be 30, 20 or 10 categories, got {self.taxonomy}")
         for target in self.target_hit_ratios:
             if not 0 < target < 1:
                 problems.append(f"target hit ratio {target} must be within (0, 1)")

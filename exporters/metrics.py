@@ -15,7 +15,12 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+)
 from prometheus_client.registry import Collector
 
 # name -> (kind, help, labels); kinds: gauge, counter, info.
@@ -72,6 +77,16 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     ),
     "kvcast_consumer_lag_events": ("gauge", "Events in assigned partitions not yet read.", ()),
     "kvcast_store_up": ("gauge", "1 when the state store answered the last operation.", ()),
+    "kvcast_classifier_latency_seconds": (
+        "histogram",
+        "Classifier answer time per request, submit to answer (seconds).",
+        (),
+    ),
+    "kvcast_classifier_fallbacks": (
+        "counter",
+        "Requests labelled unknown by the classifier stage, by reason.",
+        ("reason",),
+    ),
     "kvcast_build": ("info", "kvcast version.", ()),
 }
 
@@ -93,6 +108,8 @@ def _family(name: str) -> Any:
         return CounterMetricFamily(name, help_text, labels=labels)
     if kind == "info":
         return InfoMetricFamily(name, help_text)
+    if kind == "histogram":
+        return HistogramMetricFamily(name, help_text, labels=labels)
     return GaugeMetricFamily(name, help_text, labels=labels)
 
 
@@ -146,7 +163,27 @@ class KvcastCollector(Collector):
         store_state = (view.get("components") or {}).get("store")
         families["kvcast_store_up"].add_metric([], 1.0 if store_state == "ok" else 0.0)
         families["kvcast_build"].add_metric([], {"version": self._version})
+        self._classifier(view.get("classifier"), families)
         yield from families.values()
+
+    @staticmethod
+    def _classifier(classifier: dict[str, Any] | None, families: dict[str, Any]) -> None:
+        if classifier is None:
+            return
+        latency = classifier["latency"]
+        buckets = [(_bound(bound), float(count)) for bound, count in latency["buckets"]]
+        families["kvcast_classifier_latency_seconds"].add_metric(
+            [], buckets=buckets, sum_value=latency["sum"]
+        )
+        worker = classifier["worker"]
+        for reason in ("rejected", "timed_out", "expired", "failed"):
+            families["kvcast_classifier_fallbacks"].add_metric(
+                [reason], float(worker.get(reason, 0))
+            )
+
+
+def _bound(seconds: float) -> str:
+    return "+Inf" if seconds == float("inf") else repr(seconds)
 
 
 def build_registry(view: Callable[[], dict[str, Any]]) -> CollectorRegistry:

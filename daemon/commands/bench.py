@@ -13,8 +13,9 @@ from kvcast.daemon.bench.throughput import run_throughput
 from kvcast.daemon.bench.validation import ValidationGrid, measure_speed, run_validation
 from kvcast.exporters.bench_client import run_client_bench
 
-SUITES = ("throughput", "solver", "client", "validation", "daemon")
-# "validation" takes minutes and "daemon" needs a broker and a Redis: ask for them by name.
+SUITES = ("throughput", "solver", "client", "classifier", "validation", "daemon")
+# "classifier" loads the model, "validation" takes minutes and "daemon" needs a broker and a
+# Redis: ask for them by name.
 DEFAULT_SUITES = ("throughput", "solver", "client")
 
 
@@ -87,6 +88,12 @@ def bench(
         client = run_client_bench()
         results["client"] = client.to_dict()
         rows += client.rows()
+    if "classifier" in chosen:
+        from kvcast.classifier.bench import run_classifier_bench
+
+        classifier = run_classifier_bench()
+        results["classifier"] = classifier.to_dict()
+        rows += classifier.rows()
     if "validation" in chosen:
         grid = ValidationGrid.quick() if quick else ValidationGrid()
         report = run_validation(grid, progress=lambda line: click.echo(line, err=True))

@@ -19,7 +19,9 @@ import click
 import orjson
 import tomllib
 
+from kvcast.daemon.classification import open_classifier
 from kvcast.daemon.options import capacity_options, envvar_for, pop_stats_config, stats_options
+from kvcast.daemon.pipeline import IntentLabeller
 from kvcast.daemon.publisher import Publisher
 from kvcast.daemon.runner import Daemon
 from kvcast.daemon.settings import DaemonSettings, redact_url
@@ -85,6 +87,22 @@ _RUN_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
         click.FloatRange(min=0, min_open=True),
         "Seconds SIGTERM may spend storing what was applied.",
     ),
+    (
+        "--classifier",
+        "classifier",
+        click.Choice(["off", "auto", "on"]),
+        "Classify events without an intent: auto = when installed (never for the embedded"
+        " default, whose events carry intents).",
+    ),
+    (
+        "--classifier-budget",
+        "classifier_budget_s",
+        click.FloatRange(min=0, min_open=True),
+        "Seconds a poll's events may wait for the classifier; the rest count as unknown.",
+    ),
+    ("--classifier-backbone", "classifier_backbone", str, "Embedding model: local path or name."),
+    ("--classifier-head", "classifier_head", str, "Trained head file (default: shipped)."),
+    ("--taxonomy", "taxonomy", click.Choice(["30", "20", "10"]), "Intent categories."),
     (
         "--speedup",
         "speedup",
@@ -185,6 +203,7 @@ def run(log_level: str, as_json: bool, print_config: bool, **kwargs: Any) -> Non
     )
     stats = pop_stats_config(kwargs)
     kwargs["target_hit_ratios"] = tuple(kwargs["target_hit_ratios"])
+    kwargs["taxonomy"] = int(kwargs["taxonomy"])
     try:
         settings = DaemonSettings(stats=stats, **kwargs)
     except ValueError as exc:
@@ -213,7 +232,20 @@ def run(log_level: str, as_json: bool, print_config: bool, **kwargs: Any) -> Non
 
 def serve(settings: DaemonSettings, store: Any, source: Any, status_json: bool = False) -> int:
     """Wire store, source, publisher, HTTP and signals; run until SIGTERM/SIGINT."""
-    publisher = Publisher(settings, store, source.health)
+    mode = "off" if settings.embedded and settings.classifier == "auto" else settings.classifier
+    try:
+        classifier = open_classifier(
+            mode,
+            settings.classifier_budget_s,
+            settings.classifier_backbone,
+            settings.classifier_head,
+            settings.taxonomy,
+        )
+    except RuntimeError as exc:
+        raise click.UsageError(f"--classifier on: {exc}") from None
+    publisher = Publisher(
+        settings, store, source.health, extra_metrics=classifier.metrics if classifier else None
+    )
     registry = build_registry(publisher.metrics_view)
     host, port = settings.http_host_port()
     http = HttpServer(host, port, publisher, registry)
@@ -221,7 +253,8 @@ def serve(settings: DaemonSettings, store: Any, source: Any, status_json: bool =
         http.start()
     except OSError as exc:
         raise click.UsageError(f"--metrics-addr {settings.metrics_addr}: {exc}") from None
-    daemon = Daemon(settings, store, source, publisher, status_out=sys.stdout)
+    labeller = IntentLabeller(classify_batch=classifier.classify_batch if classifier else None)
+    daemon = Daemon(settings, store, source, publisher, labeller=labeller, status_out=sys.stdout)
     daemon.status_json = status_json
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: daemon.request_stop())
@@ -232,3 +265,5 @@ def serve(settings: DaemonSettings, store: Any, source: Any, status_json: bool =
     finally:
         http.close()
         store.close()
+        if classifier is not None:
+            classifier.close()
