@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH ?= torch==2.13.0
 
-.PHONY: setup run test lint bench clean services-start services-stop services-status
+.PHONY: setup run test lint bench clean services-start services-stop services-status check-deploy
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,12 @@ test: $(STAMP)
 	bash scripts/system_deps.sh
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	bash scripts/check_deploy.sh install
 	bash scripts/services.sh run $(BIN)/pytest $(PYTEST_ARGS)
+
+# The deploy/ checks alone (tests/deploy; promtool, kubectl, ... installed first when missing).
+check-deploy: $(STAMP)
+	bash scripts/check_deploy.sh
 
 services-start services-stop services-status: $(STAMP)
 	bash scripts/services.sh $(@:services-%=%)

@@ -1,0 +1,42 @@
+# syntax=docker/dockerfile:1
+# kvcast, CPU image (the classifier runs on the CPU). Build from the repository root:
+#   docker build -f deploy/docker/cpu.Dockerfile -t kvcast/kvcast:0.1.0-cpu .
+# Dependencies are pinned in requirements.txt (pin_requirements.py writes it from a venv).
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/kvcast
+ENV PATH=/opt/kvcast/bin:$PATH
+COPY deploy/docker/requirements.txt /tmp/requirements.txt
+# torch's CPU build from PyTorch's index first (PyPI's torch is a CUDA build of several GB),
+# at the pinned version; then everything else, pinned.
+RUN pip install --no-deps --index-url https://download.pytorch.org/whl/cpu \
+        "$(grep '^torch==' /tmp/requirements.txt)" \
+ && pip install -r /tmp/requirements.txt
+COPY pyproject.toml README.md /src/
+COPY stats /src/stats
+COPY daemon /src/daemon
+COPY classifier /src/classifier
+COPY exporters /src/exporters
+RUN pip install --no-deps "/src[classifier]" && pip check
+
+FROM ${PYTHON_IMAGE}
+RUN groupadd --system --gid 10001 kvcast \
+ && useradd --system --uid 10001 --gid kvcast --home-dir /var/lib/kvcast --create-home kvcast
+COPY --from=build /opt/kvcast /opt/kvcast
+COPY deploy/docker/healthcheck.py /opt/kvcast/healthcheck.py
+# Listen on all interfaces inside the container; caches under /tmp (a read-only root works).
+ENV PATH=/opt/kvcast/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    HF_HUB_OFFLINE=1 \
+    HF_HOME=/tmp/hf \
+    XDG_CACHE_HOME=/tmp/cache \
+    KVCAST_METRICS_ADDR=0.0.0.0:9400
+USER 10001:10001
+WORKDIR /var/lib/kvcast
+EXPOSE 9400
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["python", "/opt/kvcast/healthcheck.py"]
+ENTRYPOINT ["kvcast"]
+CMD ["run"]
