@@ -23,7 +23,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-# name -> (kind, help, labels); kinds: gauge, counter, info.
+# name -> (kind, help ending in its unit in brackets, labels); kinds: gauge, counter, info,
+# histogram. Counters are exposed with `_total`, info as `_info`.
 METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "kvcast_hit_ratio_forecast": (
         "gauge",
@@ -44,7 +45,7 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "kvcast_characteristic_time_seconds": ("gauge", "LRU characteristic time T_C (seconds).", ()),
     "kvcast_conversation_arrival_rate": (
         "gauge",
-        "New conversations per second over the rate window (all instances).",
+        "New conversations over the rate window, all instances (conversations/s).",
         (),
     ),
     "kvcast_capacity_blocks": ("gauge", "Configured KV capacity per instance (blocks).", ()),
@@ -63,20 +64,44 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "Median reuse delay exp(mu) of a state (seconds).",
         ("intent", "turn"),
     ),
-    "kvcast_window_conversations": ("gauge", "Completed conversations in the window.", ()),
-    "kvcast_events": ("counter", "Events processed (valid, first seen), all instances.", ()),
-    "kvcast_events_rejected": ("counter", "Events rejected, by reason.", ("reason",)),
-    "kvcast_events_duplicate": ("counter", "Duplicate events (same request_id) ignored.", ()),
-    "kvcast_commits": ("counter", "Atomic state commits by this instance.", ()),
-    "kvcast_table_version": ("gauge", "Version of the published priority table.", ()),
-    "kvcast_forecast_age_seconds": ("gauge", "Seconds since the forecast was computed.", ()),
+    "kvcast_window_conversations": (
+        "gauge",
+        "Completed conversations in the statistics window (conversations).",
+        (),
+    ),
+    "kvcast_events": (
+        "counter",
+        "Valid, first-seen events processed by all instances (events).",
+        (),
+    ),
+    "kvcast_events_rejected": ("counter", "Events rejected, by reason (events).", ("reason",)),
+    "kvcast_events_duplicate": (
+        "counter",
+        "Duplicate events (same request_id) ignored (events).",
+        (),
+    ),
+    "kvcast_commits": ("counter", "Atomic state commits by this instance (commits).", ()),
+    "kvcast_table_version": (
+        "gauge",
+        "Version of the published priority table (a counter of versions).",
+        (),
+    ),
+    "kvcast_forecast_age_seconds": ("gauge", "Time since the forecast was computed (seconds).", ()),
     "kvcast_forecast_compute_seconds": (
         "gauge",
         "Duration of the last store read + forecast + table refresh (seconds).",
         (),
     ),
-    "kvcast_consumer_lag_events": ("gauge", "Events in assigned partitions not yet read.", ()),
-    "kvcast_store_up": ("gauge", "1 when the state store answered the last operation.", ()),
+    "kvcast_consumer_lag_events": (
+        "gauge",
+        "Events in this instance's partitions not yet read (events).",
+        (),
+    ),
+    "kvcast_store_up": (
+        "gauge",
+        "Whether the state store answered the last operation (1 or 0).",
+        (),
+    ),
     "kvcast_classifier_latency_seconds": (
         "histogram",
         "Classifier answer time per request, submit to answer (seconds).",
@@ -84,10 +109,10 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     ),
     "kvcast_classifier_fallbacks": (
         "counter",
-        "Requests labelled unknown by the classifier stage, by reason.",
+        "Requests labelled unknown by the classifier stage, by reason (requests).",
         ("reason",),
     ),
-    "kvcast_build": ("info", "kvcast version.", ()),
+    "kvcast_build": ("info", "kvcast build (version label; value always 1).", ()),
 }
 
 _FORECAST_GAUGES = {

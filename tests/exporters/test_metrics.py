@@ -1,0 +1,151 @@
+"""/metrics scraped over HTTP from a daemon: SPEC names, types, units, and the values it serves.
+
+The daemon runs in-process on a replay source with the in-memory store; the scrape goes through
+the real HTTP server and is parsed with Prometheus's own text parser.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvcast.daemon.publisher import Publisher
+from kvcast.daemon.runner import Daemon
+from kvcast.daemon.settings import DaemonSettings
+from kvcast.daemon.sources import ReplaySource
+from kvcast.daemon.stores.memory import MemoryStore
+from kvcast.exporters.http_server import HttpServer
+from kvcast.exporters.metrics import METRICS, build_registry
+from kvcast.stats.config import StatsConfig
+from kvcast.stats.generator import generate, preset
+
+# SPEC section 6: these names (and their types) are a contract.
+SPEC_METRICS = {
+    "kvcast_hit_ratio_forecast": "gauge",
+    "kvcast_hit_ratio_upper_bound": "gauge",
+    "kvcast_hit_ratio_observed": "gauge",
+    "kvcast_characteristic_time_seconds": "gauge",
+    "kvcast_conversation_arrival_rate": "gauge",
+    "kvcast_capacity_blocks": "gauge",
+    "kvcast_required_capacity_blocks": "gauge",
+    "kvcast_continuation_probability": "gauge",
+    "kvcast_reuse_median_seconds": "gauge",
+    "kvcast_events": "counter",
+    "kvcast_events_rejected": "counter",
+    "kvcast_table_version": "gauge",
+    "kvcast_forecast_age_seconds": "gauge",
+    "kvcast_consumer_lag_events": "gauge",
+}
+
+
+@pytest.fixture(scope="module")
+def scraped() -> tuple[dict, Publisher]:
+    trace = generate(
+        preset("mixed"), lambda0=1.0, conversations=600, seed=8, cached_capacity_blocks=3000
+    )
+    lines = [line.rstrip(b"\n") for line in trace.jsonl_lines()]
+    lines.insert(10, b'{"turn": 1}')
+    settings = DaemonSettings(
+        stats=StatsConfig(completion_timeout_s=900),
+        commit_interval_s=0.01, refresh_interval_s=0.05, table_interval_s=0.01,
+        status_interval_s=0.05, capacity_blocks=3000, target_hit_ratios=(0.5,),
+    )  # fmt: skip
+    store, source = MemoryStore(), ReplaySource(lines, partition="p:0")
+    publisher = Publisher(settings, store, source.health)
+    server = HttpServer("127.0.0.1", 0, publisher, build_registry(publisher.metrics_view))
+    server.start()
+    daemon = Daemon(settings, store, source, publisher)
+    thread = threading.Thread(target=daemon.run)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not (daemon._flushed and not daemon._uncommitted()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)  # a status round (lag) and a refresh after the last commit
+    daemon.request_stop()
+    thread.join(timeout=10)
+    with urllib.request.urlopen(server.url + "/metrics", timeout=5) as response:
+        assert response.headers["Content-Type"].startswith("text/plain")
+        text = response.read().decode()
+    server.close()
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    return families, publisher
+
+
+def value(families: dict, name: str, labels: dict | None = None) -> float:
+    """The one sample called ``name`` (counters: ``..._total``, in the family without it)."""
+    family = families[name.removesuffix("_total")]
+    samples = [
+        s for s in family.samples if s.name == name and (labels is None or s.labels == labels)
+    ]
+    assert len(samples) == 1, (name, labels, family.samples[:3])
+    return samples[0].value
+
+
+def test_every_spec_metric_is_exported_with_its_type(scraped) -> None:
+    families, _ = scraped
+    for name, kind in SPEC_METRICS.items():
+        assert name in families, name
+        assert families[name].type == kind, name
+    for name, (kind, help_text, _) in METRICS.items():
+        exposed = f"{name}_info" if kind == "info" else name  # text format names info as gauge
+        assert families[exposed].documentation == help_text, name
+    for name, (_, help_text, _) in METRICS.items():
+        unit = re.search(r"\(([^()]*)\)\.$", help_text)
+        assert unit, f"{name}: help must end with its unit in brackets: {help_text!r}"
+        if name.endswith("_seconds"):
+            assert unit.group(1) == "seconds", name
+        if name.endswith("_blocks"):
+            assert unit.group(1) == "blocks", name
+
+
+def test_values_equal_the_published_forecast_and_table(scraped) -> None:
+    families, publisher = scraped
+    forecast = publisher.forecast_document()
+    table = publisher.table_document()
+    assert value(families, "kvcast_hit_ratio_forecast") == pytest.approx(forecast["hit_ratio"])
+    assert value(families, "kvcast_hit_ratio_upper_bound") == pytest.approx(forecast["upper_bound"])
+    assert value(families, "kvcast_hit_ratio_observed") == pytest.approx(
+        forecast["observed_hit_ratio"]
+    )
+    assert value(families, "kvcast_characteristic_time_seconds") == pytest.approx(
+        forecast["characteristic_time_s"]
+    )
+    assert value(families, "kvcast_conversation_arrival_rate") == pytest.approx(forecast["lambda0"])
+    assert value(families, "kvcast_capacity_blocks") == 3000
+    required = forecast["required_capacity_by_target"][0]
+    assert (
+        value(families, "kvcast_required_capacity_blocks", {"target": "0.5"})
+        == (required["blocks"])
+    )
+    assert value(families, "kvcast_table_version") == table["version"]
+    for state in table["states"]:
+        labels = {"intent": state["intent"], "turn": str(state["turn"])}
+        assert value(families, "kvcast_continuation_probability", labels) == pytest.approx(
+            state["p_continue"]
+        )
+        assert value(families, "kvcast_reuse_median_seconds", labels) == pytest.approx(
+            state["median_reuse_s"]
+        )
+    assert value(families, "kvcast_consumer_lag_events") == 0
+    assert 0 <= value(families, "kvcast_forecast_age_seconds") < 60
+
+
+def test_event_counters_count_every_event_once(scraped) -> None:
+    families, publisher = scraped
+    counters = publisher.metrics_view()["counters"]
+    assert value(families, "kvcast_events_total") == counters["processed"] > 0
+    assert value(families, "kvcast_events_rejected_total", {"reason": "missing_field"}) == 1
+
+
+def test_label_cardinality_is_bounded_by_the_table(scraped) -> None:
+    families, publisher = scraped
+    states = len(publisher.table_document()["states"])
+    probability = [
+        s for s in families["kvcast_continuation_probability"].samples if s.name.endswith("ty")
+    ]
+    assert len(probability) == states <= 64 * 32
