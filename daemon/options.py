@@ -53,6 +53,12 @@ _STATS_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
         "Seconds of event time over which the conversation arrival rate is measured.",
     ),
     (
+        "--max-open-conversations",
+        "max_open_conversations",
+        click.IntRange(min=1),
+        "Open conversations kept per partition; events that would open more are shed (counted).",
+    ),
+    (
         "--min-delay-samples",
         "min_delay_samples",
         click.IntRange(min=1),

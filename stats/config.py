@@ -19,6 +19,8 @@ class StatsConfig:
     - ``bucket_s``: width of the event-time buckets the window is kept in (its expiry grain).
     - ``rate_window_s``: span of event time for lambda0 and the observed hit ratio (whole s).
     - ``min_delay_samples``: below this many delays a state's median reuse delay is the default.
+    - ``max_open_conversations``: per tracker (per partition); events that would open more are
+      shed with the reason ``open_limit`` (memory: about 0.64 GiB per million, 3 turns each).
     """
 
     block_size: int = 16
@@ -32,6 +34,7 @@ class StatsConfig:
     min_delay_samples: int = 2
     default_p_continue: float = 0.5
     default_median_reuse_s: float = 150.0
+    max_open_conversations: int = 1_000_000
 
     def __post_init__(self) -> None:
         problems = []
@@ -55,6 +58,10 @@ class StatsConfig:
             problems.append(f"min_delay_samples must be >= 1, got {self.min_delay_samples}")
         if not 0 <= self.default_p_continue <= 1:
             problems.append(f"default_p_continue must be in [0, 1], got {self.default_p_continue}")
+        if self.max_open_conversations < 1:
+            problems.append(
+                f"max_open_conversations must be >= 1, got {self.max_open_conversations}"
+            )
         if not self.default_median_reuse_s > 0:
             problems.append(
                 f"default_median_reuse_s must be > 0, got {self.default_median_reuse_s}"

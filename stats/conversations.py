@@ -10,6 +10,8 @@ Ordering rules (they make the result independent of arrival order within the lat
   completes that conversation and starts a new one (a resumed session).
 - Two events for the same turn of a conversation: the earlier timestamp wins (then the
   smaller input), so a retried request never replaces the original.
+- Memory is bounded: with ``max_open_conversations`` conversations open, an event that would
+  open another is shed (``open_limit``, counted); events of open conversations still count.
 
 Cost per event is O(1) amortised: completion deadlines and remembered request ids sit in
 one-second event-time buckets, and only buckets (not conversations) are ordered.
@@ -26,7 +28,7 @@ from typing import Literal
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.events import Event
 
-Outcome = Literal["accepted", "duplicate", "too_late"]
+Outcome = Literal["accepted", "duplicate", "too_late", "open_limit"]
 
 
 @dataclass(slots=True)
@@ -156,6 +158,11 @@ class ConversationTracker:
             return "too_late", []
         if event.request_id in self._seen_ids:
             return "duplicate", []
+        if (
+            len(self._open) >= self._config.max_open_conversations
+            and event.session_id not in self._open
+        ):
+            return "open_limit", []
         self._seen_ids[event.request_id] = event.timestamp
         self._id_expiry.add(math.floor(event.timestamp), event.request_id)
         if self.changes is not None:

@@ -34,6 +34,7 @@ REJECT_REASONS: tuple[str, ...] = (
     "non_finite",
     "cached_exceeds_input",
     "too_late",
+    "open_limit",
 )
 
 

@@ -293,3 +293,14 @@ def test_empty_engine_snapshot_is_well_defined() -> None:
     snapshot = StatsEngine(CONFIG).snapshot()
     assert snapshot.states == () and snapshot.window_conversations == 0
     assert snapshot.sample.lambda0 is None and snapshot.sample.delay_s.size == 0
+
+
+def test_open_conversations_are_bounded_and_shedding_is_counted() -> None:
+    config = replace(CONFIG, max_open_conversations=10)
+    base = {"turn": 1, "input_tokens": 16, "output_tokens": 1}
+    events = [{**base, "session_id": f"s{n}", "timestamp": float(n)} for n in range(15)]
+    events.append({**base, "session_id": "s3", "turn": 2, "timestamp": 20.0})
+    engine = run(events, config, finish=False)
+    assert engine.tracker.open_conversations == 10
+    assert engine.counters.rejected == {"open_limit": 5}
+    assert engine.counters.processed == 11  # the ten first sessions and s3's second turn
