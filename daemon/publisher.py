@@ -12,7 +12,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvcast.daemon.settings import DaemonSettings
@@ -44,13 +44,15 @@ class Publisher:
         store: StateStore,
         source_health: Callable[[], tuple[bool, str]],
         clock: Callable[[], float] = time.monotonic,
-        extra_metrics: Callable[[], dict[str, Any]] | None = None,
+        extra_metrics: Sequence[Callable[[], dict[str, Any]]] = (),
     ) -> None:
         self.settings = settings
         self.store = store
         self._source_health = source_health
         self._clock = clock
-        self._classifier_metrics = extra_metrics
+        # Components that report their own figures (classifier, store latency): each returns
+        # a dict merged into metrics_view().
+        self._extra_metrics = tuple(extra_metrics)
         self._lock = threading.Lock()
         self._forecast: dict[str, Any] | None = None
         self._table: dict[str, Any] | None = None
@@ -205,10 +207,12 @@ class Publisher:
 
     def metrics_view(self) -> dict[str, Any]:
         """Everything the Prometheus collector reads, in one consistent copy."""
-        classifier = self._classifier_metrics() if self._classifier_metrics else None
+        extra: dict[str, Any] = {}
+        for report in self._extra_metrics:
+            extra.update(report())
         with self._lock:
             return {
-                "classifier": classifier,
+                **extra,
                 "forecast": self._forecast,
                 "table": self._table,
                 "counters": dict(self._counters),

@@ -102,6 +102,11 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "Whether the state store answered the last operation (1 or 0).",
         (),
     ),
+    "kvcast_store_operation_seconds": (
+        "histogram",
+        "State store operation time, by operation (seconds).",
+        ("operation",),
+    ),
     "kvcast_classifier_latency_seconds": (
         "histogram",
         "Classifier answer time per request, submit to answer (seconds).",
@@ -189,6 +194,10 @@ class KvcastCollector(Collector):
         families["kvcast_store_up"].add_metric([], 1.0 if store_state == "ok" else 0.0)
         families["kvcast_build"].add_metric([], {"version": self._version})
         self._classifier(view.get("classifier"), families)
+        for operation, latency in (view.get("store_latency") or {}).items():
+            families["kvcast_store_operation_seconds"].add_metric(
+                [operation], buckets=_buckets(latency), sum_value=latency["sum"]
+            )
         yield from families.values()
 
     @staticmethod
@@ -196,9 +205,8 @@ class KvcastCollector(Collector):
         if classifier is None:
             return
         latency = classifier["latency"]
-        buckets = [(_bound(bound), float(count)) for bound, count in latency["buckets"]]
         families["kvcast_classifier_latency_seconds"].add_metric(
-            [], buckets=buckets, sum_value=latency["sum"]
+            [], buckets=_buckets(latency), sum_value=latency["sum"]
         )
         worker = classifier["worker"]
         for reason in ("rejected", "timed_out", "expired", "failed"):
@@ -207,8 +215,12 @@ class KvcastCollector(Collector):
             )
 
 
-def _bound(seconds: float) -> str:
-    return "+Inf" if seconds == float("inf") else repr(seconds)
+def _buckets(latency: dict[str, Any]) -> list[tuple[str, float]]:
+    """A LatencyHistogram snapshot as Prometheus buckets (upper bound text, cumulative count)."""
+    return [
+        ("+Inf" if bound == float("inf") else repr(bound), float(count))
+        for bound, count in latency["buckets"]
+    ]
 
 
 def build_registry(view: Callable[[], dict[str, Any]]) -> CollectorRegistry:

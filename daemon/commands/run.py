@@ -27,6 +27,7 @@ from kvcast.daemon.runner import Daemon
 from kvcast.daemon.settings import DaemonSettings, redact_url
 from kvcast.daemon.sources import embedded_source, open_source
 from kvcast.daemon.stores import open_store
+from kvcast.daemon.stores.instrumented import InstrumentedStore
 from kvcast.exporters.http_server import HttpServer
 from kvcast.exporters.metrics import build_registry
 
@@ -243,9 +244,9 @@ def serve(settings: DaemonSettings, store: Any, source: Any, status_json: bool =
         )
     except RuntimeError as exc:
         raise click.UsageError(f"--classifier on: {exc}") from None
-    publisher = Publisher(
-        settings, store, source.health, extra_metrics=classifier.metrics if classifier else None
-    )
+    store = InstrumentedStore(store)
+    reports = [store.metrics] + ([classifier.metrics] if classifier else [])
+    publisher = Publisher(settings, store, source.health, extra_metrics=reports)
     registry = build_registry(publisher.metrics_view)
     host, port = settings.http_host_port()
     http = HttpServer(host, port, publisher, registry)

@@ -70,7 +70,7 @@ def run_daemon(classifier: KeywordClassifier, budget_s: float, payloads: list[by
     stage = ClassifierStage(worker, histogram)
     store = MemoryStore()
     source = ReplaySource(payloads, partition="p:0")
-    publisher = Publisher(settings, store, source.health, extra_metrics=stage.metrics)
+    publisher = Publisher(settings, store, source.health, extra_metrics=[stage.metrics])
     daemon = Daemon(
         settings, store, source, publisher,
         labeller=IntentLabeller(classify_batch=stage.classify_batch),

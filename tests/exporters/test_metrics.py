@@ -18,6 +18,7 @@ from kvcast.daemon.publisher import Publisher
 from kvcast.daemon.runner import Daemon
 from kvcast.daemon.settings import DaemonSettings
 from kvcast.daemon.sources import ReplaySource
+from kvcast.daemon.stores.instrumented import InstrumentedStore
 from kvcast.daemon.stores.memory import MemoryStore
 from kvcast.exporters.http_server import HttpServer
 from kvcast.exporters.metrics import METRICS, build_registry
@@ -55,8 +56,8 @@ def scraped() -> tuple[dict, Publisher]:
         commit_interval_s=0.01, refresh_interval_s=0.05, table_interval_s=0.01,
         status_interval_s=0.05, capacity_blocks=3000, target_hit_ratios=(0.5,),
     )  # fmt: skip
-    store, source = MemoryStore(), ReplaySource(lines, partition="p:0")
-    publisher = Publisher(settings, store, source.health)
+    store, source = InstrumentedStore(MemoryStore()), ReplaySource(lines, partition="p:0")
+    publisher = Publisher(settings, store, source.health, extra_metrics=[store.metrics])
     server = HttpServer("127.0.0.1", 0, publisher, build_registry(publisher.metrics_view))
     server.start()
     daemon = Daemon(settings, store, source, publisher)
@@ -78,7 +79,7 @@ def scraped() -> tuple[dict, Publisher]:
 
 def value(families: dict, name: str, labels: dict | None = None) -> float:
     """The one sample called ``name`` (counters: ``..._total``, in the family without it)."""
-    family = families[name.removesuffix("_total")]
+    family = families[re.sub(r"_(total|count|sum|bucket)$", "", name)]
     samples = [
         s for s in family.samples if s.name == name and (labels is None or s.labels == labels)
     ]
@@ -149,3 +150,13 @@ def test_label_cardinality_is_bounded_by_the_table(scraped) -> None:
         s for s in families["kvcast_continuation_probability"].samples if s.name.endswith("ty")
     ]
     assert len(probability) == states <= 64 * 32
+
+
+def test_store_latency_is_a_histogram_per_operation(scraped) -> None:
+    families, publisher = scraped
+    family = families["kvcast_store_operation_seconds"]
+    assert family.type == "histogram"
+    commits = value(families, "kvcast_store_operation_seconds_count", {"operation": "commit"})
+    assert commits == publisher.metrics_view()["commits"] > 0
+    infinite = {"operation": "commit", "le": "+Inf"}
+    assert value(families, "kvcast_store_operation_seconds_bucket", infinite) == commits
