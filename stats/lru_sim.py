@@ -1,4 +1,5 @@
-"""Trace-driven cache simulators behind one registry; now: whole-content LRU (Algorithm 1).
+"""Trace-driven cache simulators behind one registry: whole-content LRU (Algorithm 1) here,
+the block-level prefix cache and its policies in ``kvcast.stats.block_sim``/``block_policies``.
 
 A policy is a function ``(trace, capacity_blocks, **options) -> hit blocks per request`` (one
 int per request, in trace order), registered under ``(name, granularity)``. ``simulate`` runs one
@@ -38,6 +39,8 @@ class SimTrace:
     conversations: int
     intent: NDArray[np.int64] | None = None
     intent_names: tuple[str, ...] = ()
+    block_hashes: tuple[Sequence[int | str] | None, ...] | None = None
+    """Per request, the ids of its input's KV blocks in order (None: synthesize a chain)."""
 
     def __len__(self) -> int:
         return int(self.blocks.size)
@@ -51,9 +54,11 @@ class SimTrace:
         input_tokens: ArrayLike,
         block_size: int = 16,
         intent: Sequence[str] | None = None,
+        block_hashes: Sequence[Sequence[int | str] | None] | None = None,
     ) -> SimTrace:
         """Build from per-request columns in any order: sorts by (timestamp, turn), stably,
-        and numbers sessions (strings or ints) densely with ``np.unique``."""
+        and numbers sessions (strings or ints) densely with ``np.unique``. Where a request has
+        ``block_hashes``, they define its blocks: ``R_j = len(block_hashes)``."""
         if block_size < 1:
             raise ValueError("block_size must be >= 1")
         ts = np.asarray(timestamp, dtype=np.float64)
@@ -65,6 +70,14 @@ class SimTrace:
         keys, conv = np.unique(np.asarray(session), return_inverse=True)
         names: tuple[str, ...] = ()
         codes = None
+        blocks = -(-tokens // block_size)
+        hashes: tuple[Sequence[int | str] | None, ...] | None = None
+        if block_hashes is not None and any(h is not None for h in block_hashes):
+            if len(block_hashes) != ts.size:
+                raise ValueError("block_hashes must have one entry per request")
+            given = [k for k, h in enumerate(block_hashes) if h is not None]
+            blocks[given] = [len(block_hashes[k]) for k in given]  # type: ignore[arg-type]
+            hashes = tuple(block_hashes[k] for k in order.tolist())
         if intent is not None:
             uniq, inv = np.unique(np.asarray(intent, dtype=object).astype(str), return_inverse=True)
             names, codes = tuple(uniq.tolist()), inv.reshape(-1).astype(np.int64)[order]
@@ -72,10 +85,11 @@ class SimTrace:
             conversation=conv.reshape(-1).astype(np.int64)[order],
             turn=tn[order],
             timestamp=ts[order],
-            blocks=-(-tokens[order] // block_size),
+            blocks=blocks[order],
             conversations=int(keys.size),
             intent=codes,
             intent_names=names,
+            block_hashes=hashes,
         )
 
 
@@ -88,11 +102,7 @@ class Policy(Protocol):
 POLICIES: dict[tuple[str, str], Policy] = {}
 """(policy name, granularity) -> simulator returning hit blocks per request."""
 
-PLANNED: dict[tuple[str, str], str] = {
-    ("lru", "block"): "block-level LRU with prefix sharing",
-    ("iac", "block"): "Intent-Aware Caching",
-    ("tbs", "block"): "the TB+S oracle",
-}
+PLANNED: dict[tuple[str, str], str] = {}
 """Policies of SPEC section 10 that are not implemented yet (for a clear error)."""
 
 
@@ -221,3 +231,9 @@ def simulate(
         conversations=trace.conversations,
         elapsed_s=elapsed,
     )
+
+
+# The block-level policies register themselves on import (after the registry exists).
+from kvcast.stats import block_policies as _block_policies  # noqa: E402
+
+del _block_policies

@@ -6,6 +6,7 @@ import click
 
 from kvcast.daemon.commands.bench import bench
 from kvcast.daemon.commands.classify import classify_command
+from kvcast.daemon.commands.convert import convert_command
 from kvcast.daemon.commands.forecast import forecast
 from kvcast.daemon.commands.generate import generate_command
 from kvcast.daemon.commands.replay import replay
@@ -19,6 +20,7 @@ COMMANDS: list[click.Command] = [
     replay,
     forecast,
     simulate_command,
+    convert_command,
     generate_command,
     bench,
     classify_command,

@@ -13,9 +13,9 @@ from kvcast.daemon.bench.throughput import run_throughput
 from kvcast.daemon.bench.validation import ValidationGrid, measure_speed, run_validation
 from kvcast.exporters.bench_client import run_client_bench
 
-SUITES = ("throughput", "solver", "client", "classifier", "validation", "daemon")
-# "classifier" loads the model, "validation" takes minutes and "daemon" needs a broker and a
-# Redis: ask for them by name.
+SUITES = ("throughput", "solver", "client", "classifier", "policies", "validation", "daemon")
+# "classifier" loads the model, "policies" and "validation" take minutes and "daemon" needs a
+# broker and a Redis: ask for them by name.
 DEFAULT_SUITES = ("throughput", "solver", "client")
 
 
@@ -55,7 +55,9 @@ def _markdown(rows: list[tuple[str, str, str, str]]) -> str:
     envvar="KVCAST_BENCH_REDIS",
     help="Redis for the daemon suite.",
 )
-@click.option("--quick", is_flag=True, help="Validation suite: the small grid of the tests.")
+@click.option(
+    "--quick", is_flag=True, help="Validation and policies suites: the small grids of the tests."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object of figures.")
 def bench(
     suites: tuple[str, ...],
@@ -94,6 +96,14 @@ def bench(
         classifier = run_classifier_bench()
         results["classifier"] = classifier.to_dict()
         rows += classifier.rows()
+    if "policies" in chosen:
+        from kvcast.daemon.bench.policy_report import run_policy_report
+
+        policies = run_policy_report(quick=quick, progress=lambda line: click.echo(line, err=True))
+        results["policies"] = policies.to_dict()
+        rows += policies.rows()
+        if not as_json:
+            click.echo(policies.to_markdown())
     if "validation" in chosen:
         grid = ValidationGrid.quick() if quick else ValidationGrid()
         report = run_validation(grid, progress=lambda line: click.echo(line, err=True))

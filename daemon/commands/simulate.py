@@ -6,6 +6,7 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import click
@@ -38,6 +39,8 @@ def load_sim_trace(path: str, block_size: int) -> tuple[SimTrace, LoadReport]:
     turn: list[int] = []
     ts: list[float] = []
     tokens: list[int] = []
+    intents: list[str] = []
+    hashes: list[list[int | str] | None] = []
     seen: set[str] = set()
     report = LoadReport()
     with open(path, "rb") as fh:
@@ -57,14 +60,49 @@ def load_sim_trace(path: str, block_size: int) -> tuple[SimTrace, LoadReport]:
             turn.append(ev.turn)
             ts.append(ev.timestamp)
             tokens.append(ev.input_tokens)
+            intents.append(ev.intent or "unknown")
+            hashes.append(ev.block_hashes)
     report.processed = len(session)
-    return SimTrace.from_columns(session, turn, ts, tokens, block_size), report
+    has_hashes = any(h is not None for h in hashes)
+    trace = SimTrace.from_columns(
+        session, turn, ts, tokens, block_size, intents, hashes if has_hashes else None
+    )
+    return trace, report
+
+
+def policy_options(
+    policy: str,
+    granularity: str,
+    learn_fraction: float,
+    refresh_s: float,
+    threshold_s: float,
+    size: str,
+    table: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The options each block policy takes, from the command's flags."""
+    if granularity != "block":
+        return {}
+    if policy == "iac":
+        return {"learn_fraction": learn_fraction, "size": size, "table": table}
+    if policy == "iac-rolling":
+        return {"refresh_s": refresh_s, "size": size}
+    if policy == "tbs":
+        return {"threshold_s": threshold_s, "size": size}
+    return {}
+
+
+def _tty_progress(done: int, total: int) -> None:
+    end = "\n" if done >= total else ""
+    click.echo(f"\rsimulated {done:,}/{total:,} requests{end}", err=True, nl=False)
 
 
 @click.command("simulate")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.option(
-    "--policy", default="lru", show_default=True, help="Cache policy (lru now; iac and tbs follow)."
+    "--policy",
+    default="lru",
+    show_default=True,
+    help="Cache policy: lru (conversation or block); iac, iac-rolling, tbs, lfu, gdsf (block).",
 )
 @click.option(
     "--capacity-blocks",
@@ -100,6 +138,40 @@ def load_sim_trace(path: str, block_size: int) -> tuple[SimTrace, LoadReport]:
     show_default=True,
     help="KV block size in tokens.",
 )
+@click.option(
+    "--learn-fraction",
+    type=click.FloatRange(0, 1),
+    default=0.2,
+    show_default=True,
+    help="iac: learn the table from conversations starting in this first fraction.",
+)
+@click.option(
+    "--table",
+    "table_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="iac: a priority table JSON (SPEC section 5) instead of learning one.",
+)
+@click.option(
+    "--refresh-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=600.0,
+    show_default=True,
+    help="iac-rolling: re-learn the table every this many seconds of event time.",
+)
+@click.option(
+    "--threshold-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=600.0,
+    show_default=True,
+    help="tbs: next-reuse threshold, seconds.",
+)
+@click.option(
+    "--size",
+    type=click.Choice(["block", "request"]),
+    default="block",
+    show_default=True,
+    help="iac/tbs size term: block (all equal) or request (blocks of the request).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def simulate_command(
     file: str,
@@ -109,6 +181,11 @@ def simulate_command(
     warmup_fraction: float,
     cooldown_fraction: float,
     block_size: int,
+    learn_fraction: float,
+    table_file: str | None,
+    refresh_s: float,
+    threshold_s: float,
+    size: str,
     as_json: bool,
 ) -> None:
     """Replay FILE.jsonl through a cache simulator and print the measured hit ratio
@@ -129,14 +206,35 @@ def simulate_command(
         )
     if len(trace) == 0:
         raise click.ClickException(f"{file}: no valid events")
-    result = simulate(
-        trace, capacity_blocks, policy, granularity, warmup_fraction, cooldown_fraction
+    table = orjson.loads(Path(table_file).read_bytes()) if table_file else None
+    options = policy_options(
+        policy, granularity, learn_fraction, refresh_s, threshold_s, size, table
     )
+    if granularity == "block" and sys.stderr.isatty():
+        options["progress"] = _tty_progress
+    try:
+        result = simulate(
+            trace,
+            capacity_blocks,
+            policy,
+            granularity,
+            warmup_fraction,
+            cooldown_fraction,
+            **options,
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     if as_json:
         out: dict[str, Any] = result.to_dict()
         out.update(
             file=file,
             block_size=block_size,
+            block_hashes=trace.block_hashes is not None,
+            options={
+                k: v
+                for k, v in options.items()
+                if k in ("learn_fraction", "refresh_s", "threshold_s", "size")
+            },
             load_s=load_s,
             requests_per_s=len(trace) / result.elapsed_s if result.elapsed_s > 0 else None,
             events={

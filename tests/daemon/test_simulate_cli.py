@@ -118,7 +118,9 @@ def test_simulate_text_output_and_errors(runner: CliRunner, tmp_path: Path) -> N
     res = runner.invoke(
         cli, ["simulate", str(path), "--capacity-blocks", "10", "--granularity", "block"]
     )
-    assert res.exit_code == 2 and "not implemented yet" in res.stderr
+    assert res.exit_code == 0 and "policy lru/block" in res.stdout
+    res = runner.invoke(cli, ["simulate", str(path), "--capacity-blocks", "10", "--policy", "tbs"])
+    assert res.exit_code == 2 and "unknown policy 'tbs' with granularity" in res.stderr
     res = runner.invoke(
         cli, ["simulate", str(path), "--capacity-blocks", "10", "--warmup-fraction", "0.9"]
     )
