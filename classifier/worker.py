@@ -144,13 +144,39 @@ class Worker:
         return self
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop after the queued requests are answered (or expired); join the thread."""
+        """Stop after the queued requests are answered (or expired); join the thread.
+
+        Returns within about ``timeout`` s even when the classifier hangs: a queue still full
+        after ``timeout / 2`` is answered ``unknown`` (counted as expired) to make room for
+        the stop marker, and the stuck thread (a daemon thread) is left behind.
+        """
         if self._thread is None:
             return
         self._stopping = True
-        self._queue.put(None)
-        self._thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        try:  # room comes as soon as the worker takes its next batch
+            self._queue.put(None, timeout=timeout / 2)
+        except queue.Full:  # it does not: the classifier hangs
+            while True:
+                self._drop_queued()
+                try:
+                    self._queue.put_nowait(None)
+                    break
+                except queue.Full:
+                    continue
+        self._thread.join(max(0.0, deadline - time.monotonic()))
         self._thread = None
+
+    def _drop_queued(self) -> None:
+        """Answer every queued request ``unknown`` (counted as expired)."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                self._count("expired")
+                item.resolve(FALLBACK)
 
     def __enter__(self) -> Worker:
         return self.start()

@@ -109,11 +109,16 @@ class DaemonSettings:
 
 
 def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for logs and status output)."""
+    """``url`` with any password (``:PASSWORD@`` or ``?password=``) replaced by ``***``."""
     parts = urlsplit(url)
-    if parts.password is None:
+    if parts.password is None and "password=" not in parts.query.lower():
         return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    if parts.query:
+        query = re.sub(r"(^|&)(password=)[^&]*", r"\1\2***", parts.query, flags=re.IGNORECASE)
+        parts = parts._replace(query=query)
+    if parts.password is not None:
+        user = parts.username or ""
+        host = parts.hostname or ""
+        netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+        parts = parts._replace(netloc=netloc)
+    return urlunsplit(parts)

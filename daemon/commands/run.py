@@ -202,6 +202,8 @@ def run(log_level: str, as_json: bool, print_config: bool, **kwargs: Any) -> Non
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # kafka-python's debug log dumps raw fetch responses, i.e. the events' user text: never.
+    logging.getLogger("kafka").setLevel(max(logging.INFO, logging.getLevelName(log_level.upper())))
     stats = pop_stats_config(kwargs)
     kwargs["target_hit_ratios"] = tuple(kwargs["target_hit_ratios"])
     kwargs["taxonomy"] = int(kwargs["taxonomy"])

@@ -1,0 +1,435 @@
+"""Soak: ``kvcast run`` under a steady load with periodic kill -9 and Redis restarts.
+
+    python -m kvcast.daemon.bench.soak --minutes 120 --bootstrap 127.0.0.1:19092
+
+A producer thread sends a generated intent-mixed workload at ``--rate`` events/s to a fresh
+topic for ``--minutes``; meanwhile the daemon (a subprocess) is killed with SIGKILL every
+``--kill-every`` seconds and restarted, and its Redis (an own ``redis-server`` with an
+append-only file, fsync always, as a production Redis) is stopped and restarted every
+``--redis-restart-every`` seconds (alternately SIGTERM and SIGKILL). At the end the published
+table, forecast and rejection counters must equal an offline computation of the same records
+(one engine per partition in offset order, merged): the process exits 1 on any difference.
+
+Needs a Kafka-protocol broker (``scripts/services.sh start``) and ``redis-server`` on PATH.
+The pieces (``OwnRedis``, ``DaemonProcess``, ``reference``, ``compare``) serve the
+reliability tests too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from kvcast.daemon.publisher import capacity_grid
+from kvcast.stats.config import StatsConfig
+from kvcast.stats.engine import StatsEngine
+from kvcast.stats.events import EventRejected, parse_event
+from kvcast.stats.forecast import forecast_from_sample
+from kvcast.stats.table import table_document
+
+STATS = StatsConfig(completion_timeout_s=900, allowed_lateness_s=30)
+CAPACITY = 3000
+STATS_FLAGS = ["--completion-timeout", "900", "--allowed-lateness", "30",
+               "--capacity-blocks", str(CAPACITY)]  # fmt: skip
+FAST_FLAGS = ["--metrics-addr", "127.0.0.1:0", "--commit-interval", "0.2",
+              "--refresh-interval", "0.3", "--table-interval", "0.1", "--status-interval", "1",
+              "--max-backoff", "0.5", "--classifier", "off"]  # fmt: skip
+FORECAST_KEYS = ("hit_ratio", "hit_ratio_single_class", "upper_bound", "lambda0", "A_R", "E_B")
+Records = list[tuple[int, int, bytes]]  # (partition, offset, payload)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(check: Callable[[], Any], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.05)
+
+
+class OwnRedis:
+    """A ``redis-server`` of our own on a free port: append-only file, fsync always."""
+
+    def __init__(self, directory: Path, extra: Sequence[str] = (), password: str | None = None):
+        self.port = free_port()
+        self.directory = directory
+        self.extra = list(extra)
+        self.password = password
+        auth = f":{password}@" if password else ""
+        self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.directory),
+                *self.extra]  # fmt: skip
+        if self.password:
+            args += ["--requirepass", self.password]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(self.pings, 10, "redis-server to start")
+
+    def client(self):
+        import redis
+
+        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password)
+
+    def pings(self) -> bool:
+        import redis
+
+        try:
+            client = self.client()
+            try:
+                return bool(client.ping())
+            finally:
+                client.close()
+        except (redis.RedisError, OSError):
+            return False
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(sig)
+            self.process.wait(timeout=10)
+
+    def restart(self, sig: int = signal.SIGTERM, down_s: float = 0.0) -> None:
+        self.stop(sig)
+        time.sleep(down_s)
+        self.start()
+
+
+class DaemonProcess:
+    """``kvcast run ARGS`` as a subprocess; stdout and stderr go to ``log``."""
+
+    def __init__(
+        self,
+        args: Sequence[str],
+        log: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        prefix: Sequence[str] = (),
+        start_timeout: float = 60,
+    ) -> None:
+        self.log = log
+        self.handle = log.open("wb")
+        self.process = subprocess.Popen(
+            [*prefix, sys.executable, "-m", "kvcast.daemon.cli", "run", *args],
+            stdout=self.handle, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+        )  # fmt: skip
+        self.url = self._wait_for_url(start_timeout)
+
+    def _wait_for_url(self, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            match = re.search(rb"serving (http://[\d.:]+)", self.log.read_bytes())
+            if match:
+                return match.group(1).decode()
+            if self.process.poll() is not None:
+                raise RuntimeError(f"daemon exited:\n{self.text()}")
+            time.sleep(0.05)
+        raise TimeoutError(f"daemon did not start:\n{self.text()}")
+
+    def text(self) -> str:
+        return self.log.read_bytes().decode("utf-8", "replace")
+
+    def raw(self, path: str) -> bytes:
+        with urllib.request.urlopen(self.url + path, timeout=5) as response:
+            return response.read()
+
+    def get(self, path: str) -> dict:
+        return orjson.loads(self.raw(path))
+
+    def assigned(self) -> bool:
+        return b" assigned " in self.log.read_bytes()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        code = self.process.wait(timeout=timeout)
+        self.handle.close()
+        return code
+
+
+def reference(
+    records: Records, stats: StatsConfig = STATS, capacity: int = CAPACITY
+) -> tuple[dict, dict, dict[str, int]]:
+    """(table, forecast, rejections by reason) computed offline from ``records``."""
+    engines: dict[int, StatsEngine] = defaultdict(lambda: StatsEngine(stats))
+    for partition, _, payload in sorted(records, key=lambda r: (r[0], r[1])):
+        engine = engines[partition]
+        try:
+            event = parse_event(payload)
+        except EventRejected as rejection:
+            engine.reject(rejection.reason)
+            continue
+        engine.apply(event, event.intent or "unknown")
+    merged = StatsEngine(stats)
+    rejected: Counter[str] = Counter()
+    for engine in engines.values():
+        merged.merge(engine)
+        rejected.update(engine.counters.rejected)
+    newest = max(e.tracker.newest_event_time for e in engines.values())
+    snapshot = merged.snapshot(newest)
+    forecast = forecast_from_sample(
+        snapshot.sample, capacity_blocks=capacity, capacities=capacity_grid(capacity)
+    ).to_dict()
+    return table_document(snapshot, stats, 0), forecast, dict(rejected)
+
+
+def rejections_from_metrics(text: str) -> dict[str, int]:
+    found = re.findall(r'kvcast_events_rejected_total\{reason="(\w+)"\} ([\d.e+]+)', text)
+    return {reason: int(float(value)) for reason, value in found if float(value)}
+
+
+def compare(
+    daemon: DaemonProcess,
+    records: Records,
+    stats: StatsConfig = STATS,
+    capacity: int = CAPACITY,
+    timeout: float = 20,
+) -> list[str]:
+    """Differences between what ``daemon`` publishes and the offline reference (empty: equal).
+
+    Waits up to ``timeout`` s for the published table to catch up with the stored state.
+    """
+    table, forecast, rejected = reference(records, stats, capacity)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            published_table, published = daemon.get("/v1/table"), daemon.get("/v1/forecast")
+        except urllib.error.HTTPError as error:  # 503 while warming up
+            if time.monotonic() > deadline:
+                return [f"{error.url}: HTTP {error.code} {error.read()[:200]!r}"]
+            time.sleep(0.3)
+            continue
+        metrics = rejections_from_metrics(daemon.raw("/metrics").decode())
+        equal = published_table["states"] == table["states"] and metrics == rejected
+        if equal or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    differences = []
+    if published_table["states"] != table["states"]:
+        differences.append("table states")
+    if published_table["window_conversations"] != table["window_conversations"]:
+        differences.append("window_conversations")
+    differences += [f"forecast {key}" for key in FORECAST_KEYS if published[key] != forecast[key]]
+    if published["curve"] != forecast["curve"]:
+        differences.append("forecast curve")
+    if metrics != rejected:
+        differences.append(f"rejections {metrics} != {rejected}")
+    return differences
+
+
+def stored_offsets(client, namespace: str, topic: str, partitions: int) -> list[int]:
+    prefix = f"{namespace}:{{{namespace}}}:part:{topic}:"
+    return [int(client.hget(f"{prefix}{p}", "offset") or -1) for p in range(partitions)]
+
+
+def last_offsets(records: Records, partitions: int) -> list[int]:
+    last = [-1] * partitions
+    for partition, offset, _ in records:
+        last[partition] = max(last[partition], offset)
+    return last
+
+
+def wait_consumed(redis_client, namespace, topic, records, partitions, timeout=60) -> None:
+    want = last_offsets(records, partitions)
+    wait_until(
+        lambda: stored_offsets(redis_client, namespace, topic, partitions) == want,
+        timeout, f"the daemon to store offsets {want}",
+    )  # fmt: skip
+
+
+def workload(events: int, seed: int) -> list[bytes]:
+    """``events`` generated intent-mixed events (no text), in event-time order.
+
+    A quarter conversation per second, so that even a short workload spans several completion
+    timeouts (900 s) and completes conversations.
+    """
+    from kvcast.stats.generator import generate, preset
+
+    trace = generate(preset("mixed"), lambda0=0.25, conversations=events, seed=seed)
+    return [line.rstrip(b"\n") for line in trace.jsonl_lines()][:events]
+
+
+class Producer(threading.Thread):
+    """Sends ``lines`` keyed by session at ``rate`` events/s; ``records`` fills as acks come."""
+
+    def __init__(self, bootstrap: str, topic: str, lines: list[bytes], rate: float) -> None:
+        super().__init__(name="soak-producer", daemon=True)
+        self.bootstrap, self.topic, self.lines, self.rate = bootstrap, topic, lines, rate
+        self.records: Records = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        from kafka import KafkaProducer
+
+        try:
+            producer = KafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=5, acks=1)
+            started = time.monotonic()
+            futures = []
+            for index, line in enumerate(self.lines):
+                delay = started + index / self.rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                key = orjson.loads(line)["session_id"].encode()
+                futures.append((producer.send(self.topic, key=key, value=line), line))
+            producer.flush()
+            for future, line in futures:
+                metadata = future.get(timeout=30)
+                self.records.append((metadata.partition, metadata.offset, line))
+            producer.close()
+        except BaseException as exc:  # reported by the caller
+            self.error = exc
+
+
+@dataclass
+class SoakResult:
+    events: int = 0
+    kills: int = 0
+    redis_restarts: int = 0
+    restarts_joined: int = 0
+    differences: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        return (
+            f"soak: {self.events} events, {self.kills} daemon kill -9, {self.redis_restarts} "
+            f"redis restarts, {self.restarts_joined} restarts joined the group, "
+            f"{len(self.differences)} differences, {self.seconds:.0f} s"
+        )
+
+
+def soak(
+    bootstrap: str,
+    workdir: Path,
+    duration_s: float,
+    kill_every_s: float,
+    redis_restart_every_s: float | None,
+    rate: float = 200.0,
+    seed: int = 1,
+    partitions: int = 4,
+    say: Callable[[str], None] = print,
+) -> SoakResult:
+    """Run the soak; the result's ``differences`` must be empty."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    started = time.monotonic()
+    rng = random.Random(seed)
+    result = SoakResult()
+    topic, namespace = f"kvcast-soak-{seed}-{os.getpid()}-{int(time.time())}", "soak"
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    admin.create_topics([NewTopic(topic, partitions, 1)])
+    redis_server = OwnRedis(workdir)
+    args = ["--source", f"kafka://{bootstrap}/{topic}", "--store", redis_server.url,
+            "--namespace", namespace, *FAST_FLAGS, *STATS_FLAGS]  # fmt: skip
+    producer = Producer(bootstrap, topic, workload(int(duration_s * rate), seed), rate)
+    daemons: list[DaemonProcess] = []
+
+    def start_daemon() -> DaemonProcess:
+        daemon = DaemonProcess(args, workdir / f"daemon-{len(daemons)}.log")
+        daemons.append(daemon)
+        return daemon
+
+    try:
+        daemon = start_daemon()
+        producer.start()
+        end = started + duration_s
+        next_kill = time.monotonic() + rng.uniform(0.5, 1.5) * kill_every_s
+        next_redis = (
+            time.monotonic() + rng.uniform(0.5, 1.5) * redis_restart_every_s
+            if redis_restart_every_s
+            else float("inf")
+        )
+        while time.monotonic() < end:
+            now = time.monotonic()
+            if now >= next_kill:
+                daemon.stop(signal.SIGKILL)
+                result.kills += 1
+                say(f"soak: kill -9 #{result.kills} at {now - started:.1f} s")
+                daemon = start_daemon()
+                wait_until(daemon.assigned, 60, "the restarted daemon to join the group")
+                result.restarts_joined += 1
+                next_kill = time.monotonic() + rng.uniform(0.5, 1.5) * kill_every_s
+            elif now >= next_redis:
+                sig = signal.SIGKILL if result.redis_restarts % 2 else signal.SIGTERM
+                redis_server.restart(sig, down_s=rng.uniform(0.2, 2.0))
+                result.redis_restarts += 1
+                say(f"soak: redis restart #{result.redis_restarts} ({sig.name})")
+                next_redis = time.monotonic() + rng.uniform(0.5, 1.5) * redis_restart_every_s
+            time.sleep(0.05)
+        producer.join(timeout=max(60.0, duration_s))
+        if producer.error is not None:
+            raise RuntimeError(f"producer failed: {producer.error!r}")
+        client = redis_server.client()
+        wait_consumed(client, namespace, topic, producer.records, partitions, timeout=120)
+        client.close()
+        result.events = len(producer.records)
+        result.differences = compare(daemon, producer.records)
+        if daemon.stop(signal.SIGTERM) != 0:
+            result.differences.append("SIGTERM exit status not 0")
+    finally:
+        for daemon in daemons:
+            if daemon.process.poll() is None:
+                daemon.stop(signal.SIGKILL)
+        redis_server.stop(signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            admin.delete_topics([topic])
+        admin.close()
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m kvcast.daemon.bench.soak", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--minutes", type=float, default=60.0, help="load duration (min)")
+    parser.add_argument("--bootstrap", default="127.0.0.1:19092", help="Kafka HOST:PORT")
+    parser.add_argument("--rate", type=float, default=200.0, help="events per second")
+    parser.add_argument("--kill-every", type=float, default=60.0, help="mean s between kill -9")
+    parser.add_argument(
+        "--redis-restart-every", type=float, default=150.0, help="mean s between Redis restarts"
+    )
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--workdir", type=Path, default=None, help="logs and the AOF (tmp dir)")
+    options = parser.parse_args(argv)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="kvcast-soak-") as tmp:
+        workdir = options.workdir or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        result = soak(
+            options.bootstrap, workdir, options.minutes * 60, options.kill_every,
+            options.redis_restart_every, options.rate, options.seed,
+        )  # fmt: skip
+    print(result.line())
+    for difference in result.differences:
+        print(f"soak: DIFFERENCE {difference}")
+    return 1 if result.differences else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""Faults injected into a running daemon against real services; the statistics must equal an
+uninterrupted run's (the offline reference of the same records), rejections included.
+
+Why the broker is frozen rather than restarted: the tansu broker the tests run keeps its topics
+in memory only (its storage engines are memory, S3 and Postgres), so a real restart would lose
+the log itself, which no consumer can survive. SIGSTOP/SIGCONT makes the broker unreachable
+mid-stream (connections time out, the group coordinator disappears) and then brings it back
+with its log, which is what a restarted broker with durable storage looks like to a client.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+import urllib.error
+import urllib.request
+
+import orjson
+import pytest
+from kafka import KafkaProducer
+from kafka.admin import KafkaAdminClient, NewTopic
+
+from kvcast.daemon.bench.soak import (
+    FAST_FLAGS,
+    STATS_FLAGS,
+    DaemonProcess,
+    Producer,
+    Records,
+    compare,
+    wait_consumed,
+    wait_until,
+    workload,
+)
+from tests.reliability.tally import TALLY
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def produce(bootstrap: str, topic: str, lines: list[bytes], records: Records) -> None:
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    futures = [(producer.send(topic, key=_key(line), value=line), line) for line in lines]
+    producer.flush()
+    for future, line in futures:
+        metadata = future.get(timeout=10)
+        records.append((metadata.partition, metadata.offset, line))
+    producer.close()
+
+
+def _key(line: bytes) -> bytes:
+    try:
+        return str(orjson.loads(line)["session_id"]).encode()
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return b"hostile"
+
+
+def readiness(daemon: DaemonProcess) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(daemon.url + "/readyz", timeout=5) as response:
+            return response.status, orjson.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, orjson.loads(error.read())
+
+
+def record(records: Records, differences: list[str], faults: int, iterations: int = 1) -> None:
+    TALLY.add(
+        faults=faults, iterations=iterations, events_compared=len(records),
+        differences=len(differences),
+    )  # fmt: skip
+
+
+def test_kill_9_at_random_points_five_times(
+    tmp_path, kafka_bootstrap, kafka_topic, redis_url, redis_client, redis_namespace
+) -> None:
+    """Five kill -9 at seeded random moments under a steady load; every restart joins the
+    group and resumes from its checkpoints; nothing is lost or counted twice."""
+    rng = random.Random(9)
+    args = ["--source", f"kafka://{kafka_bootstrap}/{kafka_topic}", "--store", redis_url,
+            "--namespace", redis_namespace, *FAST_FLAGS, *STATS_FLAGS]  # fmt: skip
+    producer = Producer(kafka_bootstrap, kafka_topic, workload(9000, seed=9), rate=250)
+    daemons: list[DaemonProcess] = []
+    try:
+        producer.start()
+        for kill in range(5):
+            daemon = DaemonProcess(args, tmp_path / f"daemon-{kill}.log")
+            daemons.append(daemon)
+            wait_until(daemon.assigned, 60, f"restart {kill} to join the group")
+            time.sleep(rng.uniform(0.2, 2.5))  # somewhere in consuming, applying, committing
+            daemon.stop(signal.SIGKILL)
+        daemon = DaemonProcess(args, tmp_path / "daemon-final.log")
+        daemons.append(daemon)
+        producer.join(timeout=90)
+        assert producer.error is None and len(producer.records) == 9000
+        wait_consumed(redis_client, redis_namespace, kafka_topic, producer.records, 4, 90)
+        differences = compare(daemon, producer.records)
+        record(producer.records, differences, faults=5, iterations=5)
+        assert differences == []
+        assert daemon.stop(signal.SIGTERM) == 0
+    finally:
+        for daemon in daemons:
+            if daemon.process.poll() is None:
+                daemon.stop(signal.SIGKILL)
+
+
+def test_redis_killed_and_broker_frozen_mid_stream(own_redis, own_broker, tmp_path) -> None:
+    """Redis killed (SIGKILL) for seconds while events keep coming, then restarted from its
+    append-only file; then the broker frozen for longer than the group's session timeout.
+    The daemon is not ready meanwhile (naming the component), pauses once
+    --max-uncommitted-events await the store, and ends with the reference statistics."""
+    address, broker = own_broker
+    topic, namespace = "requests", "faults"
+    admin = KafkaAdminClient(bootstrap_servers=address)
+    admin.create_topics([NewTopic(topic, 4, 1)])
+    admin.close()
+    lines = workload(4000, seed=33)
+    records: Records = []
+    produce(address, topic, lines[:1000], records)
+    daemon = DaemonProcess(
+        ["--source", f"kafka://{address}/{topic}", "--store", own_redis.url,
+         "--namespace", namespace, *FAST_FLAGS, *STATS_FLAGS,
+         "--commit-max-events", "100", "--max-uncommitted-events", "400"],
+        tmp_path / "daemon.log",
+    )  # fmt: skip
+    client = own_redis.client()
+    try:
+        wait_consumed(client, namespace, topic, records, 4)
+        own_redis.stop(signal.SIGKILL)
+        produce(address, topic, lines[1000:2500], records)
+        wait_until(lambda: readiness(daemon)[0] == 503, 30, "not ready while redis is down")
+        assert readiness(daemon)[1]["components"]["store"] != "ok"
+        wait_until(lambda: b"pausing consumption" in daemon.log.read_bytes(), 30, "a pause")
+        time.sleep(2)
+        own_redis.start()
+        wait_consumed(client, namespace, topic, records, 4)
+        wait_until(lambda: readiness(daemon)[0] == 200, 30, "ready after redis returned")
+
+        os.kill(broker.pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: readiness(daemon)[0] == 503, 40, "not ready: broker frozen")
+            assert readiness(daemon)[1]["components"]["source"] != "ok"
+            time.sleep(7)  # past the group's session timeout (6 s)
+        finally:
+            os.kill(broker.pid, signal.SIGCONT)
+        produce(address, topic, lines[2500:], records)
+        wait_consumed(client, namespace, topic, records, 4, timeout=90)
+        wait_until(lambda: readiness(daemon)[0] == 200, 40, "ready after the broker thawed")
+        differences = compare(daemon, records)
+        record(records, differences, faults=2)
+        assert differences == []
+        assert daemon.stop(signal.SIGTERM) == 0
+    finally:
+        client.close()
+        if daemon.process.poll() is None:
+            daemon.stop(signal.SIGKILL)
+
+
+def test_clock_jumps_in_event_time(
+    tmp_path, kafka_bootstrap, kafka_topic, redis_url, redis_client, redis_namespace
+) -> None:
+    """Far-past events are too_late (counted); a far-future event moves its partition's
+    watermark, completes that partition's open conversations and makes the rest of it too_late.
+    The published statistics equal the reference, and the too_late count equals the contract's:
+    per partition, events older than the newest accepted time minus the allowed lateness.
+
+    The jump is two hours (past the completion timeout, within the 24 h window): a jump of
+    years would, by the same contract, empty the window of every partition (all buckets older
+    than --window-max-age before the newest event) and leave its partition too_late until real
+    time catches up; the published table and forecast then stay "warming_up"."""
+    lines = workload(2400, seed=4)
+    newest = max(orjson.loads(line)["timestamp"] for line in lines)
+    far_past = [
+        orjson.dumps({"session_id": f"past-{n}", "turn": 1, "timestamp": float(n),
+                      "input_tokens": 10, "output_tokens": 1})
+        for n in range(8)
+    ]  # fmt: skip
+    far_future = [
+        orjson.dumps({"session_id": f"future-{n}", "turn": 1, "input_tokens": 10,
+                      "output_tokens": 1, "timestamp": newest + 7200.0 + n})
+        for n in range(2)
+    ]  # fmt: skip
+    sequence = [*lines[:800], *far_past, *lines[800:1600], *far_future, *lines[1600:]]
+    records: Records = []
+    produce(kafka_bootstrap, kafka_topic, sequence, records)
+    daemon = DaemonProcess(
+        ["--source", f"kafka://{kafka_bootstrap}/{kafka_topic}", "--store", redis_url,
+         "--namespace", redis_namespace, *FAST_FLAGS, *STATS_FLAGS],
+        tmp_path / "daemon.log",
+    )  # fmt: skip
+    try:
+        wait_consumed(redis_client, redis_namespace, kafka_topic, records, 4)
+        expected_late = 0
+        newest_by_partition: dict[int, float] = {}
+        for partition, _, payload in sorted(records, key=lambda r: (r[0], r[1])):
+            ts = orjson.loads(payload)["timestamp"]
+            if ts < newest_by_partition.get(partition, float("-inf")) - 30:
+                expected_late += 1
+            else:
+                newest_by_partition[partition] = max(ts, newest_by_partition.get(partition, ts))
+        assert expected_late > len(far_past)  # the future jump made later events late too
+        differences = compare(daemon, records)
+        metrics = daemon.raw("/metrics").decode()
+        assert f'kvcast_events_rejected_total{{reason="too_late"}} {expected_late}.0' in metrics
+        record(records, differences, faults=len(far_past) + len(far_future))
+        assert differences == []
+        assert daemon.stop(signal.SIGTERM) == 0
+    finally:
+        if daemon.process.poll() is None:
+            daemon.stop(signal.SIGKILL)
