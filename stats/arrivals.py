@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from kvcast.stats.events import Event
 
+_floor = math.floor
+
 
 @dataclass(slots=True)
 class SecondCounters:
@@ -41,20 +43,26 @@ class ArrivalStats:
 
     def observe(self, event: Event) -> None:
         """Count one accepted (not duplicate, not late) event."""
+        cached_tokens = event.cached_tokens
         is_start = event.turn == 1
-        if not is_start and event.cached_tokens is None:
+        if not is_start and cached_tokens is None:
             return
-        counters = self._second(math.floor(event.timestamp))
+        timestamp = event.timestamp
+        second = _floor(timestamp)
+        counters = self.seconds.get(second)
+        if counters is None:
+            counters = self.seconds[second] = SecondCounters()
         if is_start:
             counters.starts += 1
             self.start_count += 1
-            self.first_start = min(self.first_start, event.timestamp)
-            if event.timestamp > self.newest_start:
-                self.newest_start = event.timestamp
+            if timestamp < self.first_start:
+                self.first_start = timestamp
+            if timestamp > self.newest_start:
+                self.newest_start = timestamp
                 if len(self.seconds) > 4 * self.rate_window_s:
                     self._prune()
-        if event.cached_tokens is not None:
-            counters.cached_tokens += event.cached_tokens
+        if cached_tokens is not None:
+            counters.cached_tokens += cached_tokens
             counters.input_tokens += event.input_tokens
 
     def merge(self, other: ArrivalStats) -> None:

@@ -20,7 +20,7 @@ class StatsConfig:
     - ``rate_window_s``: span of event time for lambda0 and the observed hit ratio (whole s).
     - ``min_delay_samples``: below this many delays a state's median reuse delay is the default.
     - ``max_open_conversations``: per tracker (per partition); events that would open more are
-      shed with the reason ``open_limit`` (memory: about 0.64 GiB per million, 3 turns each).
+      shed with the reason ``open_limit`` (memory: about 0.69 GiB per million, 3 turns each).
     """
 
     block_size: int = 16

@@ -21,19 +21,25 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.events import Event
 
 Outcome = Literal["accepted", "duplicate", "too_late", "open_limit"]
 
+_floor = math.floor
+# tuple.__new__ builds a NamedTuple without the Python-level __new__ (half the cost).
+_new_tuple = tuple.__new__
 
-@dataclass(slots=True)
-class TurnRecord:
-    """One turn of a conversation: arrival (s), input blocks, intent label."""
+
+class TurnRecord(NamedTuple):
+    """One turn of a conversation: arrival (s), input blocks, intent label.
+
+    An immutable tuple of atoms: the garbage collector stops tracking it, which matters with
+    millions of open turns (a slotted class would be walked by every full collection).
+    """
 
     timestamp: float
     blocks: int
@@ -72,27 +78,40 @@ class TrackerChanges:
 
 
 class _SecondBuckets:
-    """Keys filed under whole seconds of event time, handed back once a second has passed."""
+    """Keys filed under whole seconds of event time, handed back once a second has passed.
+
+    ``next_due`` is the earliest time at which :meth:`pop_before` has something to hand back
+    (the oldest second + 1; inf when empty), so callers skip the call on most events.
+    """
+
+    __slots__ = ("_buckets", "_order", "next_due")
 
     def __init__(self) -> None:
         self._buckets: dict[int, list[str]] = {}
         self._order: list[int] = []
+        self.next_due = math.inf
 
     def add(self, second: int, key: str) -> None:
         bucket = self._buckets.get(second)
         if bucket is None:
             self._buckets[second] = bucket = []
             heapq.heappush(self._order, second)
+            if second + 1 < self.next_due:
+                self.next_due = second + 1
         bucket.append(key)
 
-    def pop_before(self, time_s: float) -> Iterator[tuple[int, list[str]]]:
-        """Yield and forget every bucket whose whole second lies before ``time_s``."""
-        while self._order and self._order[0] + 1 <= time_s:
-            second = heapq.heappop(self._order)
-            yield second, self._buckets.pop(second)
+    def pop_before(self, time_s: float) -> list[tuple[int, list[str]]]:
+        """Hand back and forget every bucket whose whole second lies before ``time_s``."""
+        popped = []
+        order = self._order
+        while order and order[0] + 1 <= time_s:
+            second = heapq.heappop(order)
+            popped.append((second, self._buckets.pop(second)))
+        self.next_due = order[0] + 1 if order else math.inf
+        return popped
 
-    def pop_all(self) -> Iterator[tuple[int, list[str]]]:
-        yield from self.pop_before(math.inf)
+    def pop_all(self) -> list[tuple[int, list[str]]]:
+        return self.pop_before(math.inf)
 
 
 class ConversationTracker:
@@ -106,6 +125,11 @@ class ConversationTracker:
         self._id_expiry = _SecondBuckets()
         self._newest_ts = -math.inf
         self.changes: TrackerChanges | None = TrackerChanges() if track_changes else None
+        # Hot-path copies of the (frozen) configuration.
+        self._lateness = config.allowed_lateness_s
+        self._timeout = config.completion_timeout_s
+        self._block_size = config.block_size
+        self._max_open = config.max_open_conversations
 
     @classmethod
     def restore(
@@ -154,48 +178,53 @@ class ConversationTracker:
 
     def observe(self, event: Event, intent: str) -> tuple[Outcome, list[Conversation]]:
         """Apply one validated event; return its outcome and the conversations it completed."""
-        if event.timestamp < self.watermark:
+        timestamp = event.timestamp
+        request_id = event.request_id
+        session_id = event.session_id
+        if timestamp < self._newest_ts - self._lateness:
             return "too_late", []
-        if event.request_id in self._seen_ids:
+        seen_ids = self._seen_ids
+        if request_id in seen_ids:
             return "duplicate", []
-        if (
-            len(self._open) >= self._config.max_open_conversations
-            and event.session_id not in self._open
-        ):
+        open_ = self._open
+        conversation = open_.get(session_id)
+        if conversation is None and len(open_) >= self._max_open:
             return "open_limit", []
-        self._seen_ids[event.request_id] = event.timestamp
-        self._id_expiry.add(math.floor(event.timestamp), event.request_id)
-        if self.changes is not None:
-            self.changes.ids_added[event.request_id] = event.timestamp
-            self.changes.touched_sessions.add(event.session_id)
+        seen_ids[request_id] = timestamp
+        self._id_expiry.add(_floor(timestamp), request_id)
+        changes = self.changes
+        if changes is not None:
+            changes.ids_added[request_id] = timestamp
+            changes.touched_sessions.add(session_id)
 
         completed: list[Conversation] = []
-        timeout = self._config.completion_timeout_s
-        conversation = self._open.get(event.session_id)
-        if conversation is not None and event.timestamp > conversation.last_ts + timeout:
-            completed.append(self._open.pop(event.session_id))
+        timeout = self._timeout
+        if conversation is not None and timestamp > conversation.last_ts + timeout:
+            completed.append(open_.pop(session_id))
             conversation = None
-        if conversation is None:
-            conversation = self._open[event.session_id] = Conversation(event.session_id)
-        record = TurnRecord(
-            timestamp=event.timestamp,
-            blocks=-(-event.input_tokens // self._config.block_size),
-            input_tokens=event.input_tokens,
-            intent=intent,
+        input_tokens = event.input_tokens
+        record = _new_tuple(
+            TurnRecord, (timestamp, -(-input_tokens // self._block_size), input_tokens, intent)
         )
-        previous = conversation.turns.get(event.turn)
-        if previous is None or (record.timestamp, record.input_tokens) < (
-            previous.timestamp,
-            previous.input_tokens,
-        ):
-            conversation.turns[event.turn] = record
-        if event.timestamp > conversation.last_ts:
-            conversation.last_ts = event.timestamp
-            self._deadlines.add(math.floor(event.timestamp + timeout), event.session_id)
+        if conversation is None:
+            conversation = open_[session_id] = Conversation(session_id, {event.turn: record})
+        else:
+            turns = conversation.turns
+            previous = turns.get(event.turn)
+            if previous is None or (timestamp, input_tokens) < (
+                previous.timestamp,
+                previous.input_tokens,
+            ):
+                turns[event.turn] = record
+        if timestamp > conversation.last_ts:
+            conversation.last_ts = timestamp
+            self._deadlines.add(_floor(timestamp + timeout), session_id)
 
-        if event.timestamp > self._newest_ts:
-            self._newest_ts = event.timestamp
-            completed.extend(self._complete_due(self.watermark))
+        if timestamp > self._newest_ts:
+            self._newest_ts = timestamp
+            watermark = timestamp - self._lateness
+            if self._id_expiry.next_due <= watermark or self._deadlines.next_due <= watermark:
+                completed.extend(self._complete_due(watermark))
         return "accepted", completed
 
     def flush(self) -> list[Conversation]:
@@ -218,7 +247,7 @@ class ConversationTracker:
                 if self._seen_ids.pop(request_id, None) is not None and changes is not None:
                     changes.forget_id(request_id)
         completed = []
-        timeout = self._config.completion_timeout_s
+        timeout = self._timeout
         for second, sessions in self._deadlines.pop_before(watermark):
             for session_id in sessions:
                 conversation = self._open.get(session_id)

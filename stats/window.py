@@ -13,14 +13,17 @@ read by :meth:`StatsWindow.buckets_in_window` is the newest buckets holding at l
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.conversations import Conversation
 
 StateKey = tuple[str, int]
+# tuple.__new__ builds a NamedTuple without the Python-level __new__ (half the cost).
+_new_tuple = tuple.__new__
+_floor = math.floor
 
 
 @dataclass(slots=True)
@@ -55,9 +58,11 @@ class MomentSums:
         self.sum_M += other.sum_M
 
 
-@dataclass(slots=True)
-class DelaySample:
-    """One inter-turn delay W_t (s) leaving turn t (capped) of ``intent`` with R_t blocks."""
+class DelaySample(NamedTuple):
+    """One inter-turn delay W_t (s) leaving turn t (capped) of ``intent`` with R_t blocks.
+
+    A tuple of atoms, so that the garbage collector stops tracking the window's samples.
+    """
 
     delay_s: float
     prev_blocks: int
@@ -84,38 +89,59 @@ class Bucket:
         self.delays.extend(other.delays)
 
     def add_conversation(self, conversation: Conversation, max_turn: int) -> None:
-        """Fold one completed conversation in (SPEC section 3)."""
-        intent = conversation.intent
-        turns = conversation.sorted_turns()
-        first_turn, last_turn = turns[0][0], turns[-1][0]
-        for turn in range(first_turn, last_turn + 1):
-            sums = self._state(intent, min(turn, max_turn))
+        """Fold one completed conversation in (SPEC section 3).
+
+        One pass over the turns in order; states are created in turn order, so the bucket's
+        layout does not depend on how the work is split.
+        """
+        turns = conversation.turns
+        order = sorted(turns)
+        last_turn = order[-1]
+        last = turns[last_turn]
+        intent = last.intent  # IAC: the most recent intent is the conversation's
+        states = self.states
+        for turn in range(order[0], last_turn + 1):
+            key = (intent, turn if turn < max_turn else max_turn)
+            sums = states.get(key)
+            if sums is None:
+                sums = states[key] = StateSums()
             sums.reached += 1
             if turn < last_turn:
                 sums.continued += 1
         sum_H = sum_H_hash = 0
-        for (turn, record), (next_turn, next_record) in itertools.pairwise(turns):
-            sum_H += record.blocks
-            sum_H_hash += max(record.blocks - 1, 0)
-            if next_turn != turn + 1:
-                continue  # a missing turn leaves no measurable delay
-            delay_s = max(next_record.timestamp - record.timestamp, 0.0)
-            self.delays.append(DelaySample(delay_s, record.blocks, intent, min(turn, max_turn)))
-        moments = self.moments.setdefault(intent, MomentSums())
+        delays = self.delays
+        previous_turn = order[0]
+        previous = turns[previous_turn]
+        for turn in order[1:]:
+            record = turns[turn]
+            blocks = previous.blocks
+            sum_H += blocks
+            if blocks > 1:
+                sum_H_hash += blocks - 1
+            if turn == previous_turn + 1:  # a missing turn leaves no measurable delay
+                delay_s = record.timestamp - previous.timestamp
+                delays.append(
+                    _new_tuple(
+                        DelaySample,
+                        (
+                            delay_s if delay_s >= 0.0 else 0.0,
+                            blocks,
+                            intent,
+                            previous_turn if previous_turn < max_turn else max_turn,
+                        ),
+                    )
+                )
+            previous_turn, previous = turn, record
+        moments = self.moments.get(intent)
+        if moments is None:
+            moments = self.moments[intent] = MomentSums()
         moments.conversations += 1
-        moments.sum_R += sum(record.blocks for _, record in turns)
+        moments.sum_R += sum_H + last.blocks
         moments.sum_H += sum_H
         moments.sum_H_hash += sum_H_hash
-        moments.sum_B += turns[-1][1].blocks
+        moments.sum_B += last.blocks
         moments.sum_M += last_turn
         self.conversations += 1
-
-    def _state(self, intent: str, turn: int) -> StateSums:
-        key = (intent, turn)
-        sums = self.states.get(key)
-        if sums is None:
-            sums = self.states[key] = StateSums()
-        return sums
 
 
 class StatsWindow:
@@ -129,7 +155,7 @@ class StatsWindow:
         return math.floor(time_s / self._config.bucket_s)
 
     def add(self, conversation: Conversation) -> None:
-        index = self.bucket_index(conversation.last_ts)
+        index = _floor(conversation.last_ts / self._config.bucket_s)
         bucket = self.buckets.get(index)
         if bucket is None:
             bucket = self.buckets[index] = Bucket()

@@ -14,6 +14,7 @@ import threading
 import time
 import tracemalloc
 import uuid
+import zlib
 from dataclasses import dataclass
 
 import redis
@@ -23,12 +24,13 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from kvcast.daemon.publisher import Publisher
 from kvcast.daemon.runner import Daemon
 from kvcast.daemon.settings import DaemonSettings
-from kvcast.daemon.sources.kafka_source import GROUP_SETTINGS, KafkaSource
+from kvcast.daemon.sources.kafka_source import FETCH_SETTINGS, GROUP_SETTINGS, KafkaSource
 from kvcast.daemon.stores.redis_store import RedisStore
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.conversations import ConversationTracker
 from kvcast.stats.events import parse_event
 from kvcast.stats.generator import generate, preset
+from kvcast.stats.partition import PartitionEngine
 
 PARTITIONS = 4
 
@@ -41,6 +43,9 @@ class DaemonBenchResult:
     recovery_s: float  # kill -9 -> restarted daemon committed again
     catch_up_s: float  # kill -9 -> restarted daemon caught up with the log
     open_conversation_bytes: float  # tracker memory per open 3-turn conversation
+    flush_s_per_event: float  # RedisStore.commit time per event, default commit cadence
+    apply_s_per_event: float  # PartitionEngine.apply time per event (same events, same run)
+    flush_commits: int  # commits measured for the two figures above
 
     def rows(self) -> list[tuple[str, str, str, str]]:
         per_million = self.open_conversation_bytes * 1e6 / 2**30
@@ -52,6 +57,10 @@ class DaemonBenchResult:
              f" {self.catch_up_s:.1f} s to caught up", "-", "-"),
             ("memory of open conversations", f"{per_million:.2f} GiB per million (3 turns)",
              "-", "-"),
+            ("Redis flush cost per event (4 partitions, 10,000-event commits)",
+             f"{self.flush_s_per_event * 1e6:.1f} µs/event ({self.flush_commits} commits)",
+             f"{self.apply_s_per_event * 1e6:.1f} µs/event (applying them: PartitionEngine)",
+             f"{self.flush_s_per_event / self.apply_s_per_event:.2f}"),
         ]  # fmt: skip
 
 
@@ -79,6 +88,7 @@ def _bare_consume(bootstrap: str, topic: str, count: int) -> float:
         auto_offset_reset="earliest",
         enable_auto_commit=False,
         **GROUP_SETTINGS,
+        **FETCH_SETTINGS,  # the daemon's own consumer settings
     )
     seen, started = 0, None
     while seen < count:
@@ -145,6 +155,44 @@ def _recovery(bootstrap: str, redis_url: str, topic: str, count: int) -> tuple[f
     return recovered, caught_up
 
 
+def _flush_cost(redis_url: str, conversations: int = 10_000) -> tuple[float, float, int]:
+    """(s per event committing to Redis, s per event applying to the engines, commits).
+
+    A commit's time includes taking the delta (encoding the open conversations it touched).
+
+    The same workload as the throughput runs, keyed into :data:`PARTITIONS` partitions as a
+    producer keying by session would, one delta per partition every ``commit_max_events``
+    events (the daemon's default cadence), each committed by :meth:`RedisStore.commit`.
+    """
+    namespace = f"bench-{uuid.uuid4().hex[:8]}"
+    store = RedisStore(redis_url, namespace)
+    config, settings = StatsConfig(), DaemonSettings()
+    trace = generate(preset("mixed"), lambda0=5.0, conversations=conversations, seed=3)
+    events = [parse_event(line) for line in trace.jsonl_lines()]
+    engines = [PartitionEngine(config, f"bench:{p}") for p in range(PARTITIONS)]
+    apply_s = commit_s = 0.0
+    commits = pending = 0
+    for offset, event in enumerate(events):
+        engine = engines[zlib.crc32(event.session_id.encode()) % PARTITIONS]
+        started = time.perf_counter()
+        engine.apply(event, event.intent or "unknown", offset)
+        apply_s += time.perf_counter() - started
+        pending += 1
+        if pending == settings.commit_max_events or offset == len(events) - 1:
+            pending = 0
+            for engine in engines:
+                started = time.perf_counter()
+                store.commit(engine.take_delta())
+                commit_s += time.perf_counter() - started
+                commits += 1
+    client = redis.Redis.from_url(redis_url)
+    keys = list(client.scan_iter(match=f"{namespace}:*", count=1000))
+    if keys:
+        client.delete(*keys)
+    store.close()
+    return commit_s / len(events), apply_s / len(events), commits
+
+
 def _open_conversation_bytes(conversations: int = 100_000) -> float:
     config = StatsConfig(completion_timeout_s=1e9)
     tracker = ConversationTracker(config)
@@ -173,6 +221,7 @@ def run_daemon_bench(
     consume = _bare_consume(bootstrap, topic, count)
     daemon = _daemon_throughput(bootstrap, redis_url, topic, count)
     recovered, caught_up = _recovery(bootstrap, redis_url, topic, count)
+    flush, apply, commits = _flush_cost(redis_url)
     return DaemonBenchResult(
         events=count,
         consume_per_s=consume,
@@ -180,6 +229,9 @@ def run_daemon_bench(
         recovery_s=recovered,
         catch_up_s=caught_up,
         open_conversation_bytes=_open_conversation_bytes(),
+        flush_s_per_event=flush,
+        apply_s_per_event=apply,
+        flush_commits=commits,
     )
 
 

@@ -28,6 +28,16 @@ GROUP_SETTINGS: dict[str, int] = {
 }
 
 
+# Fetch settings measured in docs/performance.md: larger fetches per round trip (up to 8 MiB per
+# partition, the broker waiting up to 100 ms for 64 KiB) cut the per-message overhead of the
+# fetcher. CRCs stay checked: with the `crc32c` C extension installed that costs ~5 %.
+FETCH_SETTINGS: dict[str, int] = {
+    "fetch_min_bytes": 1 << 16,
+    "fetch_max_wait_ms": 100,
+    "max_partition_fetch_bytes": 8 << 20,
+}
+
+
 # A coordinator away for longer than this (s) makes the source not ready.
 COORDINATOR_GRACE_S = 3.0
 
@@ -64,7 +74,7 @@ class KafkaSource:
     def __init__(self, bootstrap: str, topic: str, group_id: str, **consumer_options: Any) -> None:
         self.topic = topic
         self.listener: PartitionListener | None = None
-        options = {**GROUP_SETTINGS, **consumer_options}
+        options = {**GROUP_SETTINGS, **FETCH_SETTINGS, **consumer_options}
         self._consumer = KafkaConsumer(
             bootstrap_servers=bootstrap.split(","),
             group_id=group_id,
@@ -93,12 +103,11 @@ class KafkaSource:
             return []
         self._last_ok = time.monotonic()
         self._check_coordinator()
-        records = [
-            Record(partition_name(tp.topic, tp.partition), message.offset, message.value)
-            for tp, messages in batches.items()
-            for message in messages
-        ]
-        records.sort(key=lambda r: (r.partition, r.offset))
+        # Partitions in name order; a partition's messages already come in offset order.
+        named = sorted((partition_name(tp.topic, tp.partition), ms) for tp, ms in batches.items())
+        records: list[Record] = []
+        for name, messages in named:
+            records += [Record(name, message.offset, message.value) for message in messages]
         return records
 
     def _check_coordinator(self) -> None:

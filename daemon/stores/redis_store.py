@@ -17,6 +17,7 @@ A commit is one MULTI/EXEC guarded by WATCH on ``part:P``: applied whole, or not
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -45,12 +46,31 @@ end
 return 0
 """
 
+# HINCRBY every (field, amount) pair of ARGV into the hash KEYS[1]: one command per hash and
+# commit instead of one per field (a commit touches thousands of fields; see docs/performance.md).
+_HINCRBY_MANY = """
+for i = 1, #ARGV, 2 do
+  redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+return 0
+"""
+
 _MOMENT_FIELDS = ("conversations", "sum_R", "sum_H", "sum_H_hash", "sum_B", "sum_M")
 _CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def _field(*parts: object) -> bytes:
+    """A hash field name of several parts (JSON); the few thousand names in use are cached."""
     return orjson.dumps(parts)
+
+
+def _hincrby_many(pipe: Any, key: str, pairs: list[Any]) -> None:
+    """Queue HINCRBY of each (field, amount) pair in ``pairs`` (flat) as one script call."""
+    if len(pairs) == 2:
+        pipe.hincrby(key, pairs[0], pairs[1])
+    elif pairs:
+        pipe.eval(_HINCRBY_MANY, 1, key, *pairs)
 
 
 class RedisStore:
@@ -134,23 +154,27 @@ class RedisStore:
             self._queue_bucket(pipe, index, bucket)
         self._queue_arrivals(pipe, delta.arrivals)
         counters = delta.counters
-        increments = {"processed": counters.processed, "duplicates": counters.duplicates}
-        increments.update({f"rejected:{r}": n for r, n in counters.rejected.items()})
-        for name, amount in increments.items():
+        increments: list[Any] = []
+        if counters.processed:
+            increments += ("processed", counters.processed)
+        if counters.duplicates:
+            increments += ("duplicates", counters.duplicates)
+        for reason, amount in counters.rejected.items():
             if amount:
-                pipe.hincrby(self.key("counters"), name, amount)
+                increments += (f"rejected:{reason}", amount)
+        _hincrby_many(pipe, self.key("counters"), increments)
 
     def _queue_bucket(self, pipe: Any, index: int, bucket: Bucket) -> None:
-        key = self.key("bucket", index)
         pipe.zadd(self.key("buckets"), {str(index): index})
-        pipe.hincrby(key, "n", bucket.conversations)
+        increments: list[Any] = ["n", bucket.conversations]
         for (intent, turn), sums in bucket.states.items():
-            pipe.hincrby(key, _field("r", intent, turn), sums.reached)
+            increments += (_field("r", intent, turn), sums.reached)
             if sums.continued:
-                pipe.hincrby(key, _field("c", intent, turn), sums.continued)
+                increments += (_field("c", intent, turn), sums.continued)
         for intent, moments in bucket.moments.items():
             for name in _MOMENT_FIELDS:
-                pipe.hincrby(key, _field("m", intent, name), getattr(moments, name))
+                increments += (_field("m", intent, name), getattr(moments, name))
+        _hincrby_many(pipe, self.key("bucket", index), increments)
         if bucket.delays:
             pipe.rpush(
                 self.key("delays", index),
@@ -158,11 +182,19 @@ class RedisStore:
             )
 
     def _queue_arrivals(self, pipe: Any, arrivals: ArrivalStats) -> None:
+        starts: list[Any] = []
+        cached: list[Any] = []
+        inputs: list[Any] = []
         for second, counters in arrivals.seconds.items():
-            for name in ("starts", "cached_tokens", "input_tokens"):
-                amount = getattr(counters, name)
-                if amount:
-                    pipe.hincrby(self.key("arr", name), second, amount)
+            if counters.starts:
+                starts += (second, counters.starts)
+            if counters.cached_tokens:
+                cached += (second, counters.cached_tokens)
+            if counters.input_tokens:
+                inputs += (second, counters.input_tokens)
+        _hincrby_many(pipe, self.key("arr", "starts"), starts)
+        _hincrby_many(pipe, self.key("arr", "cached_tokens"), cached)
+        _hincrby_many(pipe, self.key("arr", "input_tokens"), inputs)
         if arrivals.start_count:
             meta = self.key("arr", "meta")
             pipe.hincrby(meta, "start_count", arrivals.start_count)

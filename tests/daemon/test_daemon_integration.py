@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections import defaultdict
 from collections.abc import Iterator
@@ -128,6 +129,8 @@ def start(daemons, tmp_path, bootstrap, topic, redis_url, namespace) -> DaemonPr
         "--namespace", namespace,
         "--metrics-addr", "127.0.0.1:0",
         "--commit-interval", "0.2",
+        # several commits per run even when the whole topic is read within one interval
+        "--commit-max-events", "500",
         "--refresh-interval", "0.3",
         "--table-interval", "0.1",
         "--status-interval", "1",
@@ -160,7 +163,13 @@ def assert_published_equals_reference(daemon: DaemonProcess, records: Records) -
     table, forecast = reference(records)
     deadline = time.monotonic() + 20
     while True:
-        published_table, published = daemon.get("/v1/table"), daemon.get("/v1/forecast")
+        try:
+            published_table, published = daemon.get("/v1/table"), daemon.get("/v1/forecast")
+        except urllib.error.HTTPError as exc:  # 503 until the first refresh after the data
+            if exc.code != 503 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+            continue
         if published_table["states"] == table["states"] or time.monotonic() > deadline:
             break
         time.sleep(0.3)
