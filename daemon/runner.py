@@ -98,7 +98,9 @@ class Daemon:
             self._load_partitions(sorted(self._awaiting_load))
         if self._uncommitted() >= self.settings.max_uncommitted_events:
             self._pause_for_store()
-        self._apply_batch(self.source.poll(POLL_TIMEOUT_S, POLL_MAX_RECORDS))
+        # Never take more than the uncommitted bound leaves room for (paused: nothing comes).
+        room = self.settings.max_uncommitted_events - self._uncommitted()
+        self._apply_batch(self.source.poll(POLL_TIMEOUT_S, max(1, min(POLL_MAX_RECORDS, room))))
         if self.source.finished() and not self._flushed and not self._awaiting_load:
             for engine in self._engines.values():
                 engine.flush()

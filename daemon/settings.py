@@ -46,6 +46,14 @@ class DaemonSettings:
     taxonomy: int = 30  # 30, 20 or 10 intent categories (the IAC paper's merges)
     speedup: float = 240.0  # embedded default: event seconds per wall second
     sample_conversations: int = 20_000  # embedded default: size of the generated workload
+    # Kafka connection security, passed to kafka-python as is (None: its defaults, PLAINTEXT).
+    kafka_security_protocol: str | None = None  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
+    kafka_sasl_mechanism: str | None = None  # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: str | None = None  # a secret: prefer KVCAST_KAFKA_SASL_PASSWORD
+    kafka_ssl_cafile: str | None = None
+    kafka_ssl_certfile: str | None = None
+    kafka_ssl_keyfile: str | None = None
     stats: StatsConfig = field(default_factory=StatsConfig)
 
     def __post_init__(self) -> None:
@@ -88,6 +96,18 @@ class DaemonSettings:
             problems.append(f"classifier {self.classifier!r}: expected off, auto or on")
         if not self.classifier_budget_s > 0:
             problems.append(f"classifier_budget_s must be > 0, got {self.classifier_budget_s}")
+        protocols = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+        if self.kafka_security_protocol not in (None, *protocols):
+            problems.append(
+                f"kafka_security_protocol {self.kafka_security_protocol!r}: expected one of "
+                + ", ".join(protocols)
+            )
+        mechanisms = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+        if self.kafka_sasl_mechanism not in (None, *mechanisms):
+            problems.append(
+                f"kafka_sasl_mechanism {self.kafka_sasl_mechanism!r}: expected one of "
+                + ", ".join(mechanisms)
+            )
         if self.taxonomy not in (30, 20, 10):
             problems.append(f"taxonomy must be 30, 20 or 10 categories, got {self.taxonomy}")
         for target in self.target_hit_ratios:
@@ -106,6 +126,19 @@ class DaemonSettings:
     @property
     def embedded(self) -> bool:
         return self.source is None
+
+    def kafka_options(self) -> dict[str, str]:
+        """kafka-python consumer options for the connection's security (only those set)."""
+        options = {
+            "security_protocol": self.kafka_security_protocol,
+            "sasl_mechanism": self.kafka_sasl_mechanism,
+            "sasl_plain_username": self.kafka_sasl_username,
+            "sasl_plain_password": self.kafka_sasl_password,
+            "ssl_cafile": self.kafka_ssl_cafile,
+            "ssl_certfile": self.kafka_ssl_certfile,
+            "ssl_keyfile": self.kafka_ssl_keyfile,
+        }
+        return {name: value for name, value in options.items() if value is not None}
 
 
 def redact_url(url: str) -> str:

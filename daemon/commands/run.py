@@ -105,6 +105,28 @@ _RUN_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
     ("--classifier-head", "classifier_head", str, "Trained head file (default: shipped)."),
     ("--taxonomy", "taxonomy", click.Choice(["30", "20", "10"]), "Intent categories."),
     (
+        "--kafka-security-protocol",
+        "kafka_security_protocol",
+        click.Choice(["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]),
+        "Kafka connection security (kafka-python's security_protocol).",
+    ),
+    (
+        "--kafka-sasl-mechanism",
+        "kafka_sasl_mechanism",
+        click.Choice(["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]),
+        "Kafka SASL mechanism.",
+    ),
+    ("--kafka-sasl-username", "kafka_sasl_username", str, "Kafka SASL user."),
+    (
+        "--kafka-sasl-password",
+        "kafka_sasl_password",
+        str,
+        "Kafka SASL password; set it in the environment variable rather than on the command line.",
+    ),
+    ("--kafka-ssl-cafile", "kafka_ssl_cafile", str, "CA certificate file for Kafka TLS."),
+    ("--kafka-ssl-certfile", "kafka_ssl_certfile", str, "Client certificate file for Kafka TLS."),
+    ("--kafka-ssl-keyfile", "kafka_ssl_keyfile", str, "Client key file for Kafka TLS."),
+    (
         "--speedup",
         "speedup",
         click.FloatRange(min=0, min_open=True),
@@ -214,6 +236,8 @@ def run(log_level: str, as_json: bool, print_config: bool, **kwargs: Any) -> Non
     if print_config:
         resolved = dataclasses.asdict(settings)
         resolved["store"] = redact_url(settings.store)
+        if settings.kafka_sasl_password is not None:
+            resolved["kafka_sasl_password"] = "***"
         click.echo(orjson.dumps(resolved, option=orjson.OPT_INDENT_2).decode())
         return
     try:
@@ -226,7 +250,7 @@ def run(log_level: str, as_json: bool, print_config: bool, **kwargs: Any) -> Non
                 stats.block_size,
             )
             if settings.embedded
-            else open_source(settings.source or "", settings.group_id)
+            else open_source(settings.source or "", settings.group_id, **settings.kafka_options())
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

@@ -7,6 +7,7 @@ as one partition), or the embedded sample workload when no source is configured.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from kvcast.daemon.sources.base import EventSource, PartitionListener, Record
@@ -14,8 +15,11 @@ from kvcast.daemon.sources.replay import ReplaySource
 from kvcast.stats.generator import generate, preset
 
 
-def open_source(url: str, group_id: str) -> EventSource:
-    """The source for ``url``; ValueError (saying what was expected) for anything else."""
+def open_source(url: str, group_id: str, **kafka_options: Any) -> EventSource:
+    """The source for ``url``; ValueError (saying what was expected) for anything else.
+
+    ``kafka_options`` (security settings) go to the kafka-python consumer unchanged.
+    """
     parts = urlsplit(url)
     if parts.scheme == "kafka":
         topic = parts.path.strip("/")
@@ -23,7 +27,7 @@ def open_source(url: str, group_id: str) -> EventSource:
             raise ValueError(f"source {url!r}: expected kafka://HOST:PORT/TOPIC")
         from kvcast.daemon.sources.kafka_source import KafkaSource
 
-        return KafkaSource(parts.netloc, topic, group_id)
+        return KafkaSource(parts.netloc, topic, group_id, **kafka_options)
     if parts.scheme == "file":
         path = Path(unquote(parts.netloc + parts.path))
         if not path.is_file():

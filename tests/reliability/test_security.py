@@ -1,8 +1,7 @@
 """Connection security: Redis AUTH and TLS, secrets kept out of output, HTTP on loopback.
 
-Kafka SASL/SSL is not tested: the daemon has no setting for it yet (``open_source`` builds the
-``KafkaSource`` with no consumer options; see docs/reliability.md), and tansu here speaks
-plain TCP only.
+Kafka SASL/SSL settings are checked in ``tests/daemon/test_kafka_security.py`` (tansu offers
+neither, so only the handshake kafka-python starts can be seen).
 """
 
 from __future__ import annotations
