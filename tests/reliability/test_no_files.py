@@ -7,8 +7,8 @@
 2. With the classifier ``auto`` (the packaged model loads when installed), torch's import
    probes the temporary directory (a file created and removed) and creates an empty
    ``torchinductor_<user>`` directory. So the daemon runs again in a mount namespace where
-   /tmp, /var/tmp and HOME are full tmpfs file systems (no space, no inodes) and its cwd is
-   /tmp: it must start, keep statistics equal to the reference and exit 0 on SIGTERM.
+   its TMPDIR, HOME and cwd (one directory) and /var/tmp are full tmpfs file systems (no space,
+   no inodes): it must start, keep statistics equal to the reference and exit 0 on SIGTERM.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import pytest
 
 from kvcast.daemon.bench.soak import DaemonProcess, wait_until, workload
 from tests.reliability.tally import TALLY
+from tests.services import missing
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -112,13 +113,16 @@ def _children(pid: int) -> list[int]:
     return children
 
 
+# $1: a directory to fill. Only it (and /var/tmp) are mounted over, never /tmp itself: the
+# repository and its venv may live under /tmp (a CI clone) and must stay visible.
 FULL_DISK = """set -e
-for d in /tmp /var/tmp; do
+full="$1"; shift
+for d in "$full" /var/tmp; do
   mount -t tmpfs -o size=8k,nr_inodes=4 tmpfs "$d"
   dd if=/dev/zero of="$d/fill" bs=4k count=8 2>/dev/null || true
   i=0; while touch "$d/f$i" 2>/dev/null; do i=$((i+1)); done
 done
-cd /tmp
+cd "$full"
 exec "$@"
 """
 
@@ -131,10 +135,12 @@ def test_the_daemon_runs_on_a_full_disk_with_the_classifier(
 
     probe = ["unshare", "--user", "--map-root-user", "--mount", "true"]
     if shutil.which("unshare") is None or os.system(" ".join(probe) + " 2>/dev/null"):
-        pytest.skip("no user and mount namespaces here to mount a full file system")
+        missing("user and mount namespaces", "unshare", "cannot mount a full file system")
     records: list = []
     produce(kafka_bootstrap, kafka_topic, workload(1500, seed=13), records)
-    env = {**os.environ, "HOME": "/tmp", "TMPDIR": "/tmp", "HF_HUB_OFFLINE": "1"}
+    full = tmp_path / "full"
+    full.mkdir()
+    env = {**os.environ, "HOME": str(full), "TMPDIR": str(full), "HF_HUB_OFFLINE": "1"}
     daemon = DaemonProcess(
         ["--source", f"kafka://{kafka_bootstrap}/{kafka_topic}", "--store", redis_url,
          "--namespace", redis_namespace, "--metrics-addr", "127.0.0.1:0",
@@ -142,7 +148,8 @@ def test_the_daemon_runs_on_a_full_disk_with_the_classifier(
          "--classifier", "auto", "--classifier-budget", "0.2",
          "--completion-timeout", "900", "--allowed-lateness", "30", "--capacity-blocks", "3000"],
         tmp_path / "daemon.log", env=env,
-        prefix=[*probe[:-1], "sh", "-c", FULL_DISK, "full-disk"], start_timeout=120,
+        prefix=[*probe[:-1], "sh", "-c", FULL_DISK, "full-disk", str(full)],
+        start_timeout=120,
     )  # fmt: skip
     try:
         wait_consumed(redis_client, redis_namespace, kafka_topic, records, 4, timeout=90)
