@@ -12,12 +12,12 @@ import dataclasses
 import logging
 import signal
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import click
 import orjson
-import tomllib
 
 from kvcast.daemon.classification import open_classifier
 from kvcast.daemon.options import capacity_options, envvar_for, pop_stats_config, stats_options

@@ -8,10 +8,10 @@ import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 import yaml
 from packaging.requirements import Requirement
 
