@@ -2,12 +2,16 @@
 # Debian packages the test suite drives as real programs, installed when missing:
 #   redis-server  the store's integration tests start their own Redis processes
 #   chromium      the status page is checked in headless Chromium
+#   strace        the reliability suite traces the daemon's file system calls
+#   openssl       the reliability suite makes a self-signed certificate for TLS Redis
 # Quick when everything is present (only `command -v` runs). Needs root or sudo to install.
 set -euo pipefail
 
 declare -A PACKAGE_OF=(
   [redis-server]=redis-server
   [chromium]=chromium
+  [strace]=strace
+  [openssl]=openssl
 )
 
 missing=()

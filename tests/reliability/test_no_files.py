@@ -55,7 +55,7 @@ def file_writes(trace: str) -> list[str]:
 
 def test_the_daemon_writes_no_file(tmp_path: Path, redis_url: str, redis_namespace: str) -> None:
     if shutil.which("strace") is None:
-        pytest.skip("strace is not installed (the trace is this test's evidence)")
+        missing("strace", "PATH", "the trace is this test's evidence")
     events = tmp_path / "input" / "events.jsonl"
     events.parent.mkdir()
     lines = workload(600, seed=12)

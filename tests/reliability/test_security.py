@@ -106,7 +106,7 @@ def make_certificate(directory: Path) -> tuple[Path, Path]:
 @pytest.mark.integration
 def test_rediss_url_with_auth_over_tls(tmp_path, redis_server_binary) -> None:
     if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed (needed for a self-signed certificate)")
+        missing("openssl", "PATH", "needed for a self-signed certificate")
     version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True)
     cert, key = make_certificate(tmp_path)
     port = free_port()
@@ -128,7 +128,7 @@ def test_rediss_url_with_auth_over_tls(tmp_path, redis_server_binary) -> None:
 
         wait_until(up, 10, "redis-server with TLS")
         if process.poll() is not None:
-            pytest.skip(f"redis-server without TLS support ({version.stdout.strip()})")
+            missing("redis-server with TLS", "tls-port", version.stdout.strip())
         url = f"rediss://:{PASSWORD}@127.0.0.1:{port}/0?ssl_ca_certs={cert}"
         client = redis.Redis.from_url(url)
         args = ["--source", f"file://{events_file(tmp_path)}", "--store", url,
@@ -171,10 +171,10 @@ def test_the_default_server_is_unreachable_from_other_interfaces(tmp_path) -> No
     """With no --metrics-addr the server answers on 127.0.0.1 and nowhere else."""
     with socket.socket() as sock:
         if sock.connect_ex(("127.0.0.1", 9400)) == 0:
-            pytest.skip("port 9400 is taken here; the settings test covers the default")
+            pytest.skip("port 9400 is taken here; the settings test covers the default")  # allowed
     external = _external_address()
     if external is None:
-        pytest.skip("no non-loopback IPv4 address on this machine")
+        pytest.skip("no non-loopback IPv4 address on this machine")  # allowed: nothing to probe
     daemon = DaemonProcess(["--sample-conversations", "500"], tmp_path / "daemon.log")
     try:
         assert daemon.url == "http://127.0.0.1:9400"
