@@ -6,13 +6,15 @@ speed gives exactly the numbers the live daemon would.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter, defaultdict
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.engine import StatsEngine
 from kvcast.stats.events import Event, EventRejected, parse_event
+from kvcast.stats.snapshot import Snapshot
 from kvcast.stats.taxonomy import UNKNOWN
 
 # Distinct intent labels accepted from producers before the rest are folded into `unknown`;
@@ -85,6 +87,27 @@ class Pipeline:
     def offer_all(self, payloads: Iterable[bytes | str]) -> None:
         for payload in payloads:
             self.offer(payload)
+
+
+def offline_statistics(
+    records: Iterable[tuple[Hashable, int, bytes]], config: StatsConfig
+) -> tuple[Snapshot, Counter[str]]:
+    """What the daemon publishes for ``records`` (partition, offset, payload), in one process.
+
+    One pipeline per partition fed in offset order (a partition is the unit of ordering), the
+    partitions' statistics merged, the snapshot taken at the newest event time; with the
+    rejections by reason. The reference the daemon's tests and the soak compare against.
+    """
+    pipelines: dict[Hashable, Pipeline] = defaultdict(lambda: Pipeline(config))
+    for partition, _, payload in sorted(records, key=lambda r: (str(r[0]), r[1])):
+        pipelines[partition].offer(payload)
+    merged = StatsEngine(config)
+    rejected: Counter[str] = Counter()
+    for pipeline in pipelines.values():
+        merged.merge(pipeline.engine)
+        rejected.update(pipeline.engine.counters.rejected)
+    newest = max(p.engine.tracker.newest_event_time for p in pipelines.values())
+    return merged.snapshot(newest), rejected
 
 
 def read_lines(path: Path) -> Iterable[bytes]:

@@ -30,7 +30,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,10 +37,9 @@ from typing import Any
 
 import orjson
 
+from kvcast.daemon.pipeline import offline_statistics
 from kvcast.daemon.publisher import capacity_grid
 from kvcast.stats.config import StatsConfig
-from kvcast.stats.engine import StatsEngine
-from kvcast.stats.events import EventRejected, parse_event
 from kvcast.stats.forecast import forecast_from_sample
 from kvcast.stats.table import table_document
 
@@ -176,22 +174,7 @@ def reference(
     records: Records, stats: StatsConfig = STATS, capacity: int = CAPACITY
 ) -> tuple[dict, dict, dict[str, int]]:
     """(table, forecast, rejections by reason) computed offline from ``records``."""
-    engines: dict[int, StatsEngine] = defaultdict(lambda: StatsEngine(stats))
-    for partition, _, payload in sorted(records, key=lambda r: (r[0], r[1])):
-        engine = engines[partition]
-        try:
-            event = parse_event(payload)
-        except EventRejected as rejection:
-            engine.reject(rejection.reason)
-            continue
-        engine.apply(event, event.intent or "unknown")
-    merged = StatsEngine(stats)
-    rejected: Counter[str] = Counter()
-    for engine in engines.values():
-        merged.merge(engine)
-        rejected.update(engine.counters.rejected)
-    newest = max(e.tracker.newest_event_time for e in engines.values())
-    snapshot = merged.snapshot(newest)
+    snapshot, rejected = offline_statistics(records, stats)
     forecast = forecast_from_sample(
         snapshot.sample, capacity_blocks=capacity, capacities=capacity_grid(capacity)
     ).to_dict()

@@ -25,10 +25,9 @@ import pytest
 import redis
 from kafka import KafkaProducer
 
+from kvcast.daemon.pipeline import offline_statistics
 from kvcast.daemon.publisher import capacity_grid
 from kvcast.stats.config import StatsConfig
-from kvcast.stats.engine import StatsEngine
-from kvcast.stats.events import EventRejected, parse_event
 from kvcast.stats.forecast import forecast_from_sample
 from kvcast.stats.generator import generate, preset
 from kvcast.stats.table import table_document
@@ -61,20 +60,7 @@ def produced(kafka_bootstrap: str, kafka_topic: str) -> Records:
 
 
 def reference(records: Records) -> tuple[dict, dict]:
-    engines: dict[int, StatsEngine] = defaultdict(lambda: StatsEngine(STATS))
-    for partition, _, payload in sorted(records, key=lambda r: (r[0], r[1])):
-        engine = engines[partition]
-        try:
-            event = parse_event(payload)
-        except EventRejected as rejection:
-            engine.reject(rejection.reason)
-            continue
-        engine.apply(event, event.intent or "unknown")
-    merged = StatsEngine(STATS)
-    for engine in engines.values():
-        merged.merge(engine)
-    newest = max(e.tracker.newest_event_time for e in engines.values())
-    snapshot = merged.snapshot(newest)
+    snapshot, _ = offline_statistics(records, STATS)
     forecast = forecast_from_sample(
         snapshot.sample, capacity_blocks=3000, capacities=capacity_grid(3000)
     ).to_dict()

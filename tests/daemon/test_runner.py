@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from kvcast.daemon.pipeline import Pipeline
 from kvcast.daemon.publisher import Publisher
 from kvcast.daemon.runner import Daemon
 from kvcast.daemon.settings import DaemonSettings
@@ -16,7 +17,6 @@ from kvcast.daemon.stores import StoreUnavailable
 from kvcast.daemon.stores.memory import MemoryStore
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.engine import StatsEngine
-from kvcast.stats.events import EventRejected, parse_event
 from kvcast.stats.generator import generate, preset
 from kvcast.stats.snapshot import take_snapshot
 
@@ -43,16 +43,10 @@ def lines() -> list[bytes]:
 
 
 def reference(lines: list[bytes]) -> StatsEngine:
-    engine = StatsEngine(STATS)
-    for line in lines:
-        try:
-            event = parse_event(line)
-        except EventRejected as rejection:
-            engine.reject(rejection.reason)
-            continue
-        engine.apply(event, event.intent or "unknown")
-    engine.finish()
-    return engine
+    pipeline = Pipeline(STATS)
+    pipeline.offer_all(lines)
+    pipeline.engine.finish()
+    return pipeline.engine
 
 
 def stored(store: MemoryStore) -> tuple:

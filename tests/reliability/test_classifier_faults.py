@@ -18,7 +18,7 @@ from kvcast.classifier.inputs import Window
 from kvcast.classifier.model import Prediction
 from kvcast.classifier.worker import Worker
 from kvcast.daemon.classification import ClassifierStage, LatencyHistogram
-from kvcast.daemon.pipeline import IntentLabeller
+from kvcast.daemon.pipeline import IntentLabeller, Pipeline
 from kvcast.daemon.publisher import Publisher
 from kvcast.daemon.runner import Daemon
 from kvcast.daemon.settings import DaemonSettings
@@ -27,7 +27,6 @@ from kvcast.daemon.stores.memory import MemoryStore
 from kvcast.exporters.metrics import build_registry
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.engine import StatsEngine
-from kvcast.stats.events import EventRejected, parse_event
 from kvcast.stats.snapshot import take_snapshot
 from tests.reliability.tally import TALLY
 
@@ -65,16 +64,10 @@ def lines(count: int = 3000) -> list[bytes]:
 
 
 def reference(payloads: list[bytes]) -> StatsEngine:
-    engine = StatsEngine(STATS)
-    for payload in payloads:
-        try:
-            event = parse_event(payload)
-        except EventRejected as rejection:
-            engine.reject(rejection.reason)
-            continue
-        engine.apply(event, event.intent or "unknown")
-    engine.finish()
-    return engine
+    pipeline = Pipeline(STATS)
+    pipeline.offer_all(payloads)
+    pipeline.engine.finish()
+    return pipeline.engine
 
 
 @pytest.mark.parametrize("mode", ["hang", "throw"])
