@@ -1,7 +1,7 @@
 """The real packaged backbone: held-out accuracy of the shipped and zero-shot heads, the
 evaluation set itself, truncation with the real tokenizer, and ``kvcast classify``.
 
-Embeddings are computed once per module (the held-out split only: 90 requests).
+Embeddings are computed once per module (the held-out split only: 180 requests).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def test_evaluation_set_has_twenty_per_category_and_several_languages() -> None:
     assert set(per_class) == set(INTENTS_30) and min(per_class.values()) >= 20
     assert len({e.lang for e in examples}) >= 5
     splits = Counter(e.split for e in examples)
-    assert splits["test"] >= 60 and all(e.split for e in examples)
+    assert splits["test"] >= 150 and all(e.split for e in examples)
     # The zero-shot examples are not evaluation items.
     texts = {e.window[-1][1].lower() for e in examples}
     assert not texts & {t.lower() for group in EXAMPLES.values() for t in group}
@@ -72,7 +72,7 @@ def test_shipped_head_never_saw_the_test_split() -> None:
     assert meta["counts"]["test"] == sum(e.split == "test" for e in examples)
 
 
-def test_heads_beat_chance_and_trained_is_not_worse_than_zero_shot(held_out) -> None:
+def test_heads_beat_chance_and_trained_beats_zero_shot(held_out) -> None:
     truth, trained, zero = held_out
     n = len(truth)
     chance = 1 / len(LABELS)
@@ -82,8 +82,9 @@ def test_heads_beat_chance_and_trained_is_not_worse_than_zero_shot(held_out) -> 
         assert result.accuracy > chance + 5 * math.sqrt(chance * (1 - chance) / n)
         assert result.macro_f1 > 0.4
     gain, se = paired_difference(truth, trained, zero)
-    # Measured: +0.033 ± 0.040 (see README); not significant at n=90, so assert non-inferiority.
-    assert gain > -2 * se
+    # Measured: +0.072 ± 0.030 over 180 held-out requests (README). Two paired standard errors
+    # above zero: the gain is real at this sample size, not an accident of the split.
+    assert gain > 2 * se
 
 
 def test_real_tokenizer_truncation_fits_the_model(encoder) -> None:
