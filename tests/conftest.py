@@ -94,3 +94,15 @@ def kafka_topic(request, kafka_admin) -> str:
     yield name
     with contextlib.suppress(Exception):  # a broker gone at teardown took the topic with it
         kafka_admin.delete_topics([name])
+
+
+@pytest.fixture(autouse=True)
+def _restore_gc_settings():
+    """Commands run in-process tune the collector for the whole process (daemon/gc_tuning.py);
+    undo it after each test so that no test depends on the order the tests ran in."""
+    import gc
+
+    threshold = gc.get_threshold()
+    yield
+    gc.set_threshold(*threshold)
+    gc.unfreeze()

@@ -10,6 +10,7 @@ from typing import Any, TextIO
 import click
 import orjson
 
+from kvcast.daemon.gc_tuning import tune_for_streaming
 from kvcast.daemon.options import capacity_options, pop_stats_config, stats_options
 from kvcast.daemon.pipeline import Pipeline, read_lines
 from kvcast.daemon.report import format_replay_report
@@ -92,6 +93,7 @@ def replay(file: Path, as_json: bool, **kwargs: Any) -> None:
     On a terminal, progress goes to standard error; standard output holds only the result.
     """
     config = pop_stats_config(kwargs)
+    tune_for_streaming()
     show_progress = not as_json and sys.stderr.isatty()
     result = replay_file(
         file,

@@ -20,6 +20,7 @@ import click
 import orjson
 
 from kvcast.daemon.classification import open_classifier
+from kvcast.daemon.gc_tuning import tune_for_streaming
 from kvcast.daemon.options import capacity_options, envvar_for, pop_stats_config, stats_options
 from kvcast.daemon.pipeline import IntentLabeller
 from kvcast.daemon.publisher import Publisher
@@ -254,6 +255,7 @@ def run(log_level: str, as_json: bool, print_config: bool, **kwargs: Any) -> Non
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    tune_for_streaming()
     sys.exit(serve(settings, store, source, status_json=as_json))
 
 
