@@ -16,7 +16,7 @@ from kafka import KafkaConsumer, OffsetAndMetadata, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.errors import KafkaError
 
-from kvcast.daemon.sources.base import PartitionListener, Record
+from kvcast.daemon.sources.base import PartitionListener, Record, new_record
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class KafkaSource:
         named = sorted((partition_name(tp.topic, tp.partition), ms) for tp, ms in batches.items())
         records: list[Record] = []
         for name, messages in named:
-            records += [Record(name, message.offset, message.value) for message in messages]
+            records += [new_record(name, message.offset, message.value) for message in messages]
         return records
 
     def _check_coordinator(self) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import orjson
 
-from kvcast.daemon.sources.base import PartitionListener, Record
+from kvcast.daemon.sources.base import PartitionListener, Record, new_record
 
 
 def _timestamp(line: bytes) -> float | None:
@@ -73,7 +73,7 @@ class ReplaySource:
                     break
                 self._sleep(min(0.05, max(deadline - self._clock(), 0.0)))
                 continue
-            records.append(Record(self._partition, self._next, line))
+            records.append(new_record(self._partition, self._next, line))
             self._next += 1
         if not records and (self._paused or self.finished()):
             self._sleep(min(timeout_s, 0.05))
