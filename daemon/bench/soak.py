@@ -9,6 +9,9 @@ append-only file, fsync always, as a production Redis) is stopped and restarted 
 ``--redis-restart-every`` seconds (alternately SIGTERM and SIGKILL). At the end the published
 table, forecast and rejection counters must equal an offline computation of the same records
 (one engine per partition in offset order, merged): the process exits 1 on any difference.
+The daemon's resident memory is sampled every 10 s; the summary line gives the peak and the
+longest-lived daemon's at half its life and at its end (``--kill-every 0`` keeps one daemon for
+the whole run, to see memory flatten rather than grow).
 
 Needs a Kafka-protocol broker (``scripts/services.sh start``) and ``redis-server`` on PATH.
 The pieces (``OwnRedis``, ``DaemonProcess``, ``reference``, ``compare``) serve the
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import random
 import re
@@ -296,13 +300,49 @@ class SoakResult:
     restarts_joined: int = 0
     differences: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    rss_samples: list[tuple[int, float, int]] = field(default_factory=list)
+    """(daemon index, its age in s, resident memory in bytes), every ``RSS_EVERY_S``."""
+
+    def memory(self) -> tuple[float, float, float] | None:
+        """(peak RSS MiB, the longest-lived daemon's RSS at half its life and at its end, MiB)."""
+        if not self.rss_samples:
+            return None
+        lives: dict[int, list[tuple[float, int]]] = {}
+        for index, age, rss in self.rss_samples:
+            lives.setdefault(index, []).append((age, rss))
+        longest = max(lives.values(), key=lambda samples: samples[-1][0])
+        half = next(rss for age, rss in longest if age >= longest[-1][0] / 2)
+        mib = 1 << 20
+        return max(r for _, _, r in self.rss_samples) / mib, half / mib, longest[-1][1] / mib
 
     def line(self) -> str:
+        memory = self.memory()
+        rss = (
+            f", peak RSS {memory[0]:.0f} MiB, longest-lived daemon {memory[1]:.0f} MiB at half"
+            f" its life, {memory[2]:.0f} MiB at its end"
+            if memory
+            else ""
+        )
         return (
             f"soak: {self.events} events, {self.kills} daemon kill -9, {self.redis_restarts} "
             f"redis restarts, {self.restarts_joined} restarts joined the group, "
-            f"{len(self.differences)} differences, {self.seconds:.0f} s"
+            f"{len(self.differences)} differences, {self.seconds:.0f} s{rss}"
         )
+
+
+RSS_EVERY_S = 10.0
+
+
+def resident_bytes(pid: int) -> int | None:
+    """Resident set size of a live process (Linux /proc), None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
 
 
 def soak(
@@ -331,16 +371,21 @@ def soak(
     producer = Producer(bootstrap, topic, workload(int(duration_s * rate), seed), rate)
     daemons: list[DaemonProcess] = []
 
+    born: list[float] = []
+
     def start_daemon() -> DaemonProcess:
         daemon = DaemonProcess(args, workdir / f"daemon-{len(daemons)}.log")
         daemons.append(daemon)
+        born.append(time.monotonic())
         return daemon
 
     try:
         daemon = start_daemon()
         producer.start()
         end = started + duration_s
-        next_kill = time.monotonic() + rng.uniform(0.5, 1.5) * kill_every_s
+        kills = kill_every_s > 0
+        next_kill = time.monotonic() + rng.uniform(0.5, 1.5) * kill_every_s if kills else math.inf
+        next_rss = time.monotonic()
         next_redis = (
             time.monotonic() + rng.uniform(0.5, 1.5) * redis_restart_every_s
             if redis_restart_every_s
@@ -348,6 +393,12 @@ def soak(
         )
         while time.monotonic() < end:
             now = time.monotonic()
+            if now >= next_rss:
+                rss = resident_bytes(daemon.process.pid)
+                if rss is not None:
+                    age = now - born[-1]
+                    result.rss_samples.append((len(daemons) - 1, age, rss))
+                next_rss = now + RSS_EVERY_S
             if now >= next_kill:
                 daemon.stop(signal.SIGKILL)
                 result.kills += 1
@@ -392,7 +443,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=60.0, help="load duration (min)")
     parser.add_argument("--bootstrap", default="127.0.0.1:19092", help="Kafka HOST:PORT")
     parser.add_argument("--rate", type=float, default=200.0, help="events per second")
-    parser.add_argument("--kill-every", type=float, default=60.0, help="mean s between kill -9")
+    parser.add_argument(
+        "--kill-every", type=float, default=60.0, help="mean s between kill -9 (0: never)"
+    )
     parser.add_argument(
         "--redis-restart-every", type=float, default=150.0, help="mean s between Redis restarts"
     )
