@@ -171,9 +171,15 @@ def _fast_path(obj: dict[str, Any]) -> Event | None:
 
 def _from_mapping(obj: dict[str, Any]) -> Event:
     schema = obj.get("schema", SCHEMA_VERSION)
-    if schema != SCHEMA_VERSION or isinstance(schema, bool):
+    if type(schema) is not int or schema != SCHEMA_VERSION:
+        # A version number is safe to quote; anything else is producer data and is not.
+        got = (
+            f"version {schema}"
+            if type(schema) is int and 0 <= schema < 1000
+            else f"a {_kind(schema)}"
+        )
         raise EventRejected(
-            "unsupported_schema", f"field 'schema': version {schema!r} is not {SCHEMA_VERSION}"
+            "unsupported_schema", f"field 'schema': {got}, expected the integer {SCHEMA_VERSION}"
         )
     session_id = _string(obj, "session_id", MAX_SESSION_ID_CHARS, required=True)
     turn = _int(obj, "turn", 1, MAX_TURN, required=True)

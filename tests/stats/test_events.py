@@ -94,6 +94,8 @@ def test_optional_fields_and_unknown_fields() -> None:
         ({"messages": [{"role": "user"}]}, "wrong_type", "messages[0]"),
         ({"block_hashes": [1.5]}, "wrong_type", "block_hashes[0]"),
         ({"schema": 2}, "unsupported_schema", "schema"),
+        ({"schema": 1.0}, "unsupported_schema", "schema"),  # the contract's version is an int
+        ({"schema": "1"}, "unsupported_schema", "schema"),
     ],
 )
 def test_each_broken_field_is_named(change: dict[str, object], reason: str, field: str) -> None:
@@ -135,6 +137,20 @@ def test_rejection_detail_never_echoes_user_text() -> None:
     secret = "my password is hunter2"
     error = rejected({**VALID, "session_id": ["nope"], "prompt": secret})
     assert secret not in str(error) and "hunter2" not in error.detail
+
+
+@given(
+    field=st.sampled_from([*VALID, "schema", "request_id", "intent", "cached_tokens", "type"]),
+    shape=st.sampled_from(["bare", "list", "object", "long"]),
+)
+def test_no_field_of_any_shape_echoes_its_value_in_a_rejection(field: str, shape: str) -> None:
+    # Found by the atheris harness: `schema` once quoted its value. Every field, every shape.
+    secret = "SECRET-7f3a"
+    value = {"bare": secret, "list": [secret], "object": {secret: secret}, "long": secret * 500}
+    try:
+        parse_event(orjson.dumps({**VALID, field: value[shape]}))
+    except EventRejected as error:
+        assert secret not in str(error) and len(str(error)) < 300
 
 
 json_values = st.recursive(
