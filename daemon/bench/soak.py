@@ -164,7 +164,8 @@ class DaemonProcess:
         return orjson.loads(self.raw(path))
 
     def assigned(self) -> bool:
-        return b" assigned " in self.log.read_bytes()
+        """The daemon has been given partitions (its own log line, not kafka-python's)."""
+        return b"kvcast.daemon.runner: assigned " in self.log.read_bytes()
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
         if self.process.poll() is None:

@@ -40,6 +40,7 @@ FETCH_SETTINGS: dict[str, int] = {
 
 # A coordinator away for longer than this (s) makes the source not ready.
 COORDINATOR_GRACE_S = 3.0
+LAG_TIMEOUT_MS = 1000  # the lag query's wait for the broker, per call
 
 
 def partition_name(topic: str, partition: int) -> str:
@@ -161,14 +162,20 @@ class KafkaSource:
         return True, "ok"
 
     def lag(self) -> int | None:
+        """Records behind the log end over the assigned partitions; None when the broker does
+        not answer within ``LAG_TIMEOUT_MS`` (this runs on the consumer's thread: a dead
+        broker must not hold up the loop, whose polls are what notice the outage)."""
         assigned = self._consumer.assignment()
         if not assigned:
             return 0
         try:
-            ends = self._consumer.end_offsets(list(assigned))
-            return sum(max(ends[tp] - self._consumer.position(tp), 0) for tp in assigned)
+            ends = self._consumer.end_offsets(list(assigned), timeout_ms=LAG_TIMEOUT_MS)
+            positions = [self._consumer.position(tp, timeout_ms=LAG_TIMEOUT_MS) for tp in assigned]
         except KafkaError:
             return None
+        if None in positions:  # a position the broker did not confirm in time
+            return None
+        return sum(max(ends[tp] - at, 0) for tp, at in zip(assigned, positions, strict=True))
 
     def close(self) -> None:
         self._consumer.close(autocommit=False)

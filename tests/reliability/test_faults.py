@@ -1,11 +1,17 @@
 """Faults injected into a running daemon against real services; the statistics must equal an
 uninterrupted run's (the offline reference of the same records), rejections included.
 
-Why the broker is frozen rather than restarted: the tansu broker the tests run keeps its topics
-in memory only (its storage engines are memory, S3 and Postgres), so a real restart would lose
-the log itself, which no consumer can survive. SIGSTOP/SIGCONT makes the broker unreachable
-mid-stream (connections time out, the group coordinator disappears) and then brings it back
-with its log, which is what a restarted broker with durable storage looks like to a client.
+Two ways the broker goes away. ``test_broker_restarted_mid_stream`` really restarts it: the
+broker process is killed (SIGKILL, SIGTERM) and a new one started on the same address. The tansu
+build the tests run has one storage engine compiled in, object storage (``memory://`` or
+``s3://``; Postgres and SQLite are not in this build), so that test's broker keeps its record
+batches, watermarks, groups and committed offsets in S3 objects, served by a small S3 of the
+test process that outlives the broker process as a disk would (``durable_broker`` in
+conftest.py). The shared test broker, and ``own_broker``, keep their topics in memory: a restart
+of those would lose the log itself, which no consumer can survive, so
+``test_redis_killed_and_broker_frozen_mid_stream`` freezes its broker instead (SIGSTOP/SIGCONT:
+connections time out and the group coordinator disappears for longer than the session timeout,
+then the same process comes back with its log).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import urllib.request
 
 import orjson
 import pytest
-from kafka import KafkaProducer
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 
 from kvcast.daemon.bench.soak import (
@@ -29,6 +35,8 @@ from kvcast.daemon.bench.soak import (
     Producer,
     Records,
     compare,
+    last_offsets,
+    stored_offsets,
     wait_consumed,
     wait_until,
     workload,
@@ -61,6 +69,29 @@ def readiness(daemon: DaemonProcess) -> tuple[int, dict]:
             return response.status, orjson.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, orjson.loads(error.read())
+
+
+def read_log(bootstrap: str, topic: str, last: list[int], timeout: float = 30) -> Records:
+    """Every record the topic holds, read back without a group: at least up to the offsets
+    ``last`` (by partition), then until a poll brings nothing. (end_offsets cannot say where
+    the log ends: tansu answers ListOffsets with the last batch's base offset + 1, or older.)"""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        assigned = [TopicPartition(topic, p) for p in range(len(last))]
+        consumer.assign(assigned)
+        consumer.seek_to_beginning(*assigned)
+        records: Records = []
+        deadline = time.monotonic() + timeout
+        while True:
+            assert time.monotonic() < deadline, f"could not read the log up to {last}"
+            batches = consumer.poll(timeout_ms=1000)
+            for tp, messages in batches.items():
+                records += [(tp.partition, m.offset, m.value) for m in messages]
+            behind = any(consumer.position(tp) <= last[tp.partition] for tp in assigned)
+            if not batches and not behind:
+                return records
+    finally:
+        consumer.close()
 
 
 def record(records: Records, differences: list[str], faults: int, iterations: int = 1) -> None:
@@ -147,6 +178,63 @@ def test_redis_killed_and_broker_frozen_mid_stream(own_redis, own_broker, tmp_pa
         wait_until(lambda: readiness(daemon)[0] == 200, 40, "ready after the broker thawed")
         differences = compare(daemon, records)
         record(records, differences, faults=2)
+        assert differences == []
+        assert daemon.stop(signal.SIGTERM) == 0
+    finally:
+        client.close()
+        if daemon.process.poll() is None:
+            daemon.stop(signal.SIGKILL)
+
+
+def test_broker_restarted_mid_stream(own_redis, durable_broker, tmp_path) -> None:
+    """The broker process killed three times (SIGKILL, SIGTERM, SIGKILL) at seeded random moments
+    while the daemon consumes and, at least twice, while a producer is still sending; each time
+    a new broker process starts on the same address over the same storage (log, group,
+    committed offsets). The daemon is not ready while the broker is down (naming the source),
+    ready again once it has rejoined, and ends with the reference statistics of everything the
+    log holds; every event the producer had acknowledged is in that log (the events a killed
+    broker stored without acknowledging them are there too, once more after the retry)."""
+    broker = durable_broker
+    topic, namespace, partitions = "requests", "restarts", 4
+    admin = KafkaAdminClient(bootstrap_servers=broker.address)
+    admin.create_topics([NewTopic(topic, partitions, 1)])
+    admin.close()
+    rng = random.Random(51)
+    producer = Producer(broker.address, topic, workload(7000, seed=51), rate=200)  # 35 s
+    producer.start()  # while the daemon starts
+    daemon = DaemonProcess(
+        ["--source", f"kafka://{broker.address}/{topic}", "--store", own_redis.url,
+         "--namespace", namespace, *FAST_FLAGS, *STATS_FLAGS],
+        tmp_path / "daemon.log",
+    )  # fmt: skip
+    client = own_redis.client()
+    kills = (signal.SIGKILL, signal.SIGTERM, signal.SIGKILL)
+    while_sending = 0
+
+    def consuming() -> bool:
+        return max(stored_offsets(client, namespace, topic, partitions)) >= 0
+
+    try:
+        wait_until(consuming, 40, "the daemon to store its first checkpoint")
+        for number, sig in enumerate(kills):
+            time.sleep(rng.uniform(0.5, 2.0))  # somewhere in fetching, applying, committing
+            while_sending += producer.is_alive()
+            broker.kill(sig)
+            # Within the coordinator's 3 s grace and a poll: well before the 30 s no-poll rule,
+            # which would also flag a main loop stuck on a request to the dead broker.
+            wait_until(lambda: readiness(daemon)[0] == 503, 10, f"not ready: broker down {number}")
+            assert readiness(daemon)[1]["components"]["source"] != "ok"
+            time.sleep(rng.uniform(0.0, 1.5))
+            broker.start()
+            wait_until(lambda: readiness(daemon)[0] == 200, 30, f"ready after restart {number}")
+        assert while_sending >= 2, "the broker must be killed while events are being sent"
+        producer.join(timeout=60)
+        assert producer.error is None and len(producer.records) == 7000
+        log = read_log(broker.address, topic, last_offsets(producer.records, partitions))
+        assert set(producer.records) <= set(log), "an acknowledged event is not in the log"
+        wait_consumed(client, namespace, topic, log, partitions, timeout=60)
+        differences = compare(daemon, log)
+        record(log, differences, faults=len(kills), iterations=len(kills))
         assert differences == []
         assert daemon.stop(signal.SIGTERM) == 0
     finally:
