@@ -52,3 +52,12 @@ def test_labels_beyond_the_cap_fold_into_unknown() -> None:
     assert labels == ["i0", "i1", "unknown", "unknown"]
     assert labeller.folded == 2
     assert labeller(parse_event(event(intent="i1"))) == "i1"
+
+
+def test_a_batch_is_labelled_as_its_events_one_by_one() -> None:
+    events = [parse_event(event(intent=f"i{n % 5}", turn=1 + n)) for n in range(8)]
+    events.insert(3, parse_event(event()))  # no intent: the classifier's answer
+    one_by_one = IntentLabeller(classify=lambda _: "translation", max_labels=3)
+    batch = IntentLabeller(classify=lambda _: "translation", max_labels=3)
+    assert batch.label_batch(events) == [one_by_one(e) for e in events]
+    assert batch.labels == one_by_one.labels and batch.folded == one_by_one.folded > 0
