@@ -24,7 +24,9 @@ class DaemonSettings:
 
     source: str | None = None  # kafka://HOST:PORT[,HOST:PORT]/TOPIC, file://PATH; None: embedded
     store: str = "memory://"
-    group_id: str = "kvcast"
+    # None: kvcast.NAMESPACE.TOPIC, so that deployments on different topics never share a group
+    # (a member of a group gets no partition of a topic the group's leader does not subscribe to).
+    group_id: str | None = None
     namespace: str = "kvcast"
     metrics_addr: str = "127.0.0.1:9400"
     capacity_blocks: int = 2275
@@ -57,6 +59,8 @@ class DaemonSettings:
     stats: StatsConfig = field(default_factory=StatsConfig)
 
     def __post_init__(self) -> None:
+        if self.group_id is None:
+            object.__setattr__(self, "group_id", default_group_id(self.namespace, self.source))
         problems: list[str] = []
         if self.source is not None and urlsplit(self.source).scheme not in SOURCE_SCHEMES:
             problems.append(
@@ -155,3 +159,13 @@ def redact_url(url: str) -> str:
         netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
         parts = parts._replace(netloc=netloc)
     return urlunsplit(parts)
+
+
+def default_group_id(namespace: str, source: str | None) -> str:
+    """``kvcast.NAMESPACE.TOPIC`` for a Kafka source, ``kvcast.NAMESPACE`` otherwise.
+
+    The instances of one deployment share a namespace and a topic, hence a group; two
+    deployments differ in one or the other, hence never share a group.
+    """
+    topic = urlsplit(source).path.strip("/") if source and source.startswith("kafka://") else ""
+    return f"kvcast.{namespace}.{topic}" if topic else f"kvcast.{namespace}"

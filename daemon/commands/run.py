@@ -33,12 +33,19 @@ from kvcast.exporters.http_server import HttpServer
 from kvcast.exporters.metrics import build_registry
 
 _DEFAULTS = DaemonSettings()
+# Defaults that depend on other settings: None on the command line, resolved by DaemonSettings.
+_DERIVED = frozenset({"group_id"})
 
 # (flag, settings field, click type, help); each reads KVCAST_<FLAG> from the environment.
 _RUN_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
     ("--source", "source", str, "kafka://HOST:PORT/TOPIC or file://PATH; none: embedded default."),
     ("--store", "store", str, "memory:// or redis://[:PASSWORD@]HOST:PORT/DB (rediss:// for TLS)."),
-    ("--group-id", "group_id", str, "Kafka consumer group."),
+    (
+        "--group-id",
+        "group_id",
+        str,
+        "Kafka consumer group (default: kvcast.NAMESPACE.TOPIC, one per deployment).",
+    ),
     ("--namespace", "namespace", str, "Prefix of every Redis key."),
     ("--metrics-addr", "metrics_addr", str, "HOST:PORT of the HTTP server (/metrics, /v1/...)."),
     (
@@ -169,7 +176,7 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: Path | None)
 
 def _run_options(command: Any) -> Any:
     for flag, name, kind, help_text in reversed(_RUN_FLAGS):
-        default = getattr(_DEFAULTS, name)
+        default = None if name in _DERIVED else getattr(_DEFAULTS, name)
         command = click.option(
             flag,
             name,

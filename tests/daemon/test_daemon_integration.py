@@ -220,3 +220,37 @@ def test_sigterm_exits_cleanly_while_consuming(tmp_path, daemons) -> None:
     time.sleep(1.5)
     assert daemon.stop(signal.SIGTERM) == 0, daemon.log.read_text()
     assert os.path.exists(daemon.log)
+
+
+def test_two_deployments_on_different_topics_never_share_a_group(
+    daemons, tmp_path, kafka_bootstrap, kafka_topic, redis_url, redis_client, redis_namespace,
+    produced,
+) -> None:  # fmt: skip
+    """With the default group ids (kvcast.NAMESPACE.TOPIC) a second deployment on another topic
+    gets its partitions. Under one shared group id the group's leader assigns only the topics it
+    subscribes to, and the other deployment got nothing (seen in a soak: it consumed 0 events)."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    other_topic, other_namespace = f"{kafka_topic}-other", f"{redis_namespace}-other"
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    admin.create_topics([NewTopic(other_topic, 4, 1)])
+    admin.close()
+    other: Records = []
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=5)
+    futures = [producer.send(other_topic, key=b"%d" % offset, value=value)
+               for _, offset, value in produced]  # fmt: skip
+    producer.flush()
+    for future, (_, _, value) in zip(futures, produced, strict=True):
+        metadata = future.get(timeout=10)
+        other.append((metadata.partition, metadata.offset, value))
+    producer.close()
+    try:
+        first = start(daemons, tmp_path, kafka_bootstrap, kafka_topic, redis_url, redis_namespace)
+        second = start(daemons, tmp_path, kafka_bootstrap, other_topic, redis_url, other_namespace)
+        wait_consumed(redis_client, redis_namespace, kafka_topic, produced, timeout=90)
+        wait_consumed(redis_client, other_namespace, other_topic, other, timeout=90)
+        assert_published_equals_reference(first, produced)
+        assert_published_equals_reference(second, other)
+    finally:
+        for key in redis_client.scan_iter(match=f"{other_namespace}:*", count=1000):
+            redis_client.delete(key)

@@ -24,6 +24,17 @@ def test_defaults_are_the_embedded_default() -> None:
     assert settings["stats"]["block_size"] == 16 and settings["capacity_blocks"] == 2275
 
 
+def test_the_consumer_group_defaults_to_one_per_namespace_and_topic(tmp_path: Path) -> None:
+    source = ["--source", "kafka://kafka:9092/requests"]
+    assert resolved(*source)["group_id"] == "kvcast.kvcast.requests"
+    assert resolved(*source, "--namespace", "prod")["group_id"] == "kvcast.prod.requests"
+    assert resolved(*source, "--group-id", "mine")["group_id"] == "mine"
+    assert resolved(*source, env={"KVCAST_GROUP_ID": "env"})["group_id"] == "env"
+    config = tmp_path / "kvcast.toml"
+    config.write_text('namespace = "file"\n')
+    assert resolved("--config", str(config), *source)["group_id"] == "kvcast.file.requests"
+
+
 def test_layers_file_then_environment_then_flags(tmp_path: Path) -> None:
     config = tmp_path / "kvcast.toml"
     config.write_text(
