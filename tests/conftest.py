@@ -111,7 +111,6 @@ def _restore_gc_settings():
     threshold = gc.get_threshold()
     yield
     gc.set_threshold(*threshold)
-    gc.unfreeze()
 
 
 # Services of a test's own, which it may stop, freeze (SIGSTOP) or restart without disturbing

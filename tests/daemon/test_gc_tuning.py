@@ -9,10 +9,9 @@ import sys
 from kvcast.daemon.gc_tuning import FIRST_GENERATION, OLDER_GENERATIONS, tune_for_streaming
 
 
-def test_tuning_raises_thresholds_and_freezes_start_up_objects() -> None:
+def test_tuning_raises_the_thresholds() -> None:
     tune_for_streaming()
     assert gc.get_threshold() == (FIRST_GENERATION, *OLDER_GENERATIONS)
-    assert gc.get_freeze_count() > 1000  # the imported modules at least
 
 
 def test_cycles_are_still_collected_after_tuning() -> None:
