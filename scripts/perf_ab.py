@@ -1,0 +1,91 @@
+"""Before/after figures: the working tree against an older commit, alternating, same machine.
+
+    .venv/bin/python scripts/perf_ab.py REV throughput|daemon [--rounds 2] [--no-hiredis-before]
+
+The old code is exported with ``git archive REV`` into a temporary directory and imported from
+there (a ``kvcast`` package of symlinks to its top-level folders, first on ``sys.path``); each
+measurement runs in a fresh process, old and new taking turns, and prints one JSON line.
+``daemon`` needs the broker and Redis of ``scripts/services.sh start``. The figures are those of
+``kvcast bench`` (throughput: the replay pipeline against ``orjson.loads``; daemon: Kafka ->
+Redis against the bare consumer, and the flush cost per event).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("stats", "daemon", "classifier", "exporters")
+
+MEASURE = """
+import json, sys
+old_root, suite, block_hiredis = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+if old_root:
+    sys.path.insert(0, old_root)
+    if block_hiredis:
+        sys.modules["hiredis"] = None
+try:
+    from kvcast.daemon.gc_tuning import tune_for_streaming
+except ImportError:  # older code had no tuning
+    pass
+else:
+    tune_for_streaming()
+if suite == "throughput":
+    from kvcast.daemon.bench.throughput import run_throughput
+    r = run_throughput(repeats=3)
+    out = {"pipeline_per_s": r.pipeline_per_s, "decode_per_s": r.decode_per_s,
+           "ratio": r.pipeline_per_s / r.decode_per_s}
+else:
+    from kvcast.daemon.bench import daemon_bench as d
+    b, url = "127.0.0.1:19092", "redis://127.0.0.1:6379/0"
+    topic, count = d._produce(b, 40000)
+    bare, daemon = d._bare_consume(b, topic, count), d._daemon_throughput(b, url, topic, count)
+    flush, apply, _ = d._flush_cost(url)
+    out = {"daemon_per_s": daemon, "bare_per_s": bare, "ratio": daemon / bare,
+           "flush_us_per_event": flush * 1e6, "apply_us_per_event": apply * 1e6}
+print(json.dumps(out))
+"""
+
+
+def export(rev: str, into: Path) -> Path:
+    """``git archive REV`` under ``into``; returns the directory to put first on sys.path."""
+    tree = into / "tree"
+    tree.mkdir()
+    archive = subprocess.run(["git", "archive", rev], cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    package = into / "path" / "kvcast"
+    package.mkdir(parents=True)
+    (package / "__init__.py").touch()
+    for name in PACKAGES:
+        (package / name).symlink_to(tree / name)
+    return into / "path"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("rev")
+    parser.add_argument("suite", choices=("throughput", "daemon"))
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--no-hiredis-before", action="store_true", help="old code without it")
+    options = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="kvcast-ab-") as tmp:
+        old_path = export(options.rev, Path(tmp))
+        for round_ in range(1, options.rounds + 1):
+            for label, root in (("before", str(old_path)), ("after", "")):
+                done = subprocess.run(
+                    [sys.executable, "-c", MEASURE, root, options.suite,
+                     "1" if options.no_hiredis_before else "0"],
+                    cwd=ROOT, capture_output=True, text=True, check=True,
+                )  # fmt: skip
+                figures = json.loads(done.stdout.strip().splitlines()[-1])
+                print(json.dumps({"round": round_, "code": label, **figures}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
