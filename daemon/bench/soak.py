@@ -14,8 +14,8 @@ longest-lived daemon's at half its life and at its end (``--kill-every 0`` keeps
 the whole run, to see memory flatten rather than grow).
 
 Needs a Kafka-protocol broker (``scripts/services.sh start``) and ``redis-server`` on PATH.
-The pieces (``OwnRedis``, ``DaemonProcess``, ``reference``, ``compare``) serve the
-reliability tests too.
+The pieces (``reference``, ``compare``, ``Producer``; ``OwnRedis`` and ``DaemonProcess`` from
+``processes.py``) serve the reliability tests too.
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ import os
 import random
 import re
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -37,10 +35,10 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import orjson
 
+from kvcast.daemon.bench.processes import DaemonProcess, OwnRedis, wait_until
 from kvcast.daemon.pipeline import offline_statistics
 from kvcast.daemon.publisher import capacity_grid
 from kvcast.stats.config import StatsConfig
@@ -56,123 +54,6 @@ FAST_FLAGS = ["--metrics-addr", "127.0.0.1:0", "--commit-interval", "0.2",
               "--max-backoff", "0.5", "--classifier", "off"]  # fmt: skip
 FORECAST_KEYS = ("hit_ratio", "hit_ratio_single_class", "upper_bound", "lambda0", "A_R", "E_B")
 Records = list[tuple[int, int, bytes]]  # (partition, offset, payload)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_until(check: Callable[[], Any], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.05)
-
-
-class OwnRedis:
-    """A ``redis-server`` of our own on a free port: append-only file, fsync always."""
-
-    def __init__(self, directory: Path, extra: Sequence[str] = (), password: str | None = None):
-        self.port = free_port()
-        self.directory = directory
-        self.extra = list(extra)
-        self.password = password
-        auth = f":{password}@" if password else ""
-        self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen | None = None
-        self.start()
-
-    def start(self) -> None:
-        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.directory),
-                *self.extra]  # fmt: skip
-        if self.password:
-            args += ["--requirepass", self.password]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(self.pings, 10, "redis-server to start")
-
-    def client(self):
-        import redis
-
-        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password)
-
-    def pings(self) -> bool:
-        import redis
-
-        try:
-            client = self.client()
-            try:
-                return bool(client.ping())
-            finally:
-                client.close()
-        except (redis.RedisError, OSError):
-            return False
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(sig)
-            self.process.wait(timeout=10)
-
-    def restart(self, sig: int = signal.SIGTERM, down_s: float = 0.0) -> None:
-        self.stop(sig)
-        time.sleep(down_s)
-        self.start()
-
-
-class DaemonProcess:
-    """``kvcast run ARGS`` as a subprocess; stdout and stderr go to ``log``."""
-
-    def __init__(
-        self,
-        args: Sequence[str],
-        log: Path,
-        env: dict[str, str] | None = None,
-        cwd: Path | None = None,
-        prefix: Sequence[str] = (),
-        start_timeout: float = 60,
-    ) -> None:
-        self.log = log
-        self.handle = log.open("wb")
-        self.process = subprocess.Popen(
-            [*prefix, sys.executable, "-m", "kvcast.daemon.cli", "run", *args],
-            stdout=self.handle, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-        )  # fmt: skip
-        self.url = self._wait_for_url(start_timeout)
-
-    def _wait_for_url(self, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            match = re.search(rb"serving (http://[\d.:]+)", self.log.read_bytes())
-            if match:
-                return match.group(1).decode()
-            if self.process.poll() is not None:
-                raise RuntimeError(f"daemon exited:\n{self.text()}")
-            time.sleep(0.05)
-        raise TimeoutError(f"daemon did not start:\n{self.text()}")
-
-    def text(self) -> str:
-        return self.log.read_bytes().decode("utf-8", "replace")
-
-    def raw(self, path: str) -> bytes:
-        with urllib.request.urlopen(self.url + path, timeout=5) as response:
-            return response.read()
-
-    def get(self, path: str) -> dict:
-        return orjson.loads(self.raw(path))
-
-    def assigned(self) -> bool:
-        """The daemon has been given partitions (its own log line, not kafka-python's)."""
-        return b"kvcast.daemon.runner: assigned " in self.log.read_bytes()
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-        code = self.process.wait(timeout=timeout)
-        self.handle.close()
-        return code
 
 
 def reference(

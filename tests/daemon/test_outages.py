@@ -14,7 +14,7 @@ import pytest
 import redis
 from kafka.admin import KafkaAdminClient, NewTopic
 
-from kvcast.daemon.bench.soak import wait_until
+from kvcast.daemon.bench.processes import wait_until
 from tests.daemon.test_daemon_integration import (
     DaemonProcess,
     Records,

@@ -26,17 +26,16 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 
+from kvcast.daemon.bench.processes import DaemonProcess, wait_until
 from kvcast.daemon.bench.soak import (
     FAST_FLAGS,
     STATS_FLAGS,
-    DaemonProcess,
     Producer,
     Records,
     compare,
     last_offsets,
     stored_offsets,
     wait_consumed,
-    wait_until,
     workload,
 )
 from tests.reliability.tally import TALLY

@@ -17,10 +17,10 @@ import tracemalloc
 import orjson
 import pytest
 
+from kvcast.daemon.bench.processes import DaemonProcess
 from kvcast.daemon.bench.soak import (
     FAST_FLAGS,
     STATS_FLAGS,
-    DaemonProcess,
     Records,
     compare,
     wait_consumed,

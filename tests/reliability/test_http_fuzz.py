@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcast.daemon.bench.soak import DaemonProcess
+from kvcast.daemon.bench.processes import DaemonProcess
 from kvcast.exporters.http_server import REQUEST_TIMEOUT_S
 from tests.reliability.tally import TALLY
 

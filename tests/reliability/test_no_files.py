@@ -23,7 +23,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from kvcast.daemon.bench.soak import DaemonProcess, wait_until, workload
+from kvcast.daemon.bench.processes import DaemonProcess, wait_until
+from kvcast.daemon.bench.soak import workload
 from tests.reliability.tally import TALLY
 from tests.services import missing
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from kvcast.daemon.bench.soak import DaemonProcess, OwnRedis, free_port, wait_until, workload
+from kvcast.daemon.bench.processes import DaemonProcess, OwnRedis, free_port, wait_until
+from kvcast.daemon.bench.soak import workload
 from kvcast.daemon.settings import DaemonSettings, redact_url
 from tests.reliability.tally import TALLY
 from tests.services import missing
