@@ -4,15 +4,22 @@
 or raises :class:`EventRejected` whose ``reason`` is one of :data:`REJECT_REASONS` (a bounded
 set, safe as a metric label) and whose ``detail`` says which field was wrong and how. The
 detail never echoes user text.
+
+Raw payloads are first decoded by msgspec straight into :class:`Event`, whose field types carry
+the contract's constraints; that decoder is stricter than the contract (no unknown fields, no
+block id beyond int64, ...), so whatever it refuses goes to the reference validator
+(``_parse_reference``: orjson, then ``_fast_path`` / ``_from_mapping``), which decides and names
+the problem. Either way the outcome is the reference's.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
 import orjson
+from msgspec import Meta
 
 SCHEMA_VERSION = 1
 MAX_EVENT_BYTES = 1 << 20
@@ -47,43 +54,108 @@ class EventRejected(ValueError):
         self.detail = detail
 
 
-@dataclass(slots=True)
-class Event:
-    """One served request. Times in seconds of event time, sizes in tokens."""
+# Field types as msgspec checks them while decoding (never on construction). Lengths count code
+# points, as len() does. Block ids: orjson turns integers outside [-2**63, 2**64) into floats,
+# which the contract rejects; msgspec bounds stop at int64, so ids in [2**63, 2**64) take the
+# reference path (stricter is safe: the reference still accepts them).
+_SessionId = Annotated[str, Meta(min_length=1, max_length=MAX_SESSION_ID_CHARS)]
+_Id = Annotated[str, Meta(min_length=1, max_length=MAX_ID_CHARS)]
+_Label = Annotated[str, Meta(min_length=1, max_length=MAX_LABEL_CHARS)]
+_Turn = Annotated[int, Meta(ge=1, le=MAX_TURN)]
+_Tokens = Annotated[int, Meta(ge=0, le=MAX_TOKENS)]
+_Seconds = Annotated[float, Meta(ge=0)]  # JSON ints decode as floats; out-of-range ones fail
+_BlockId = Annotated[int, Meta(ge=-(1 << 63), le=(1 << 63) - 1)] | str
+_BlockIds = Annotated[list[_BlockId], Meta(max_length=MAX_BLOCK_HASHES)]
 
-    session_id: str
-    turn: int
-    timestamp: float
-    input_tokens: int
-    output_tokens: int
-    request_id: str
-    intent: str | None = None
-    cached_tokens: int | None = None
+
+class Event(
+    msgspec.Struct,
+    # `schema` is the tag: optional when decoding, and if present exactly the int 1.
+    tag_field="schema",
+    tag=SCHEMA_VERSION,
+    # Unknown fields go to the reference, which ignores them: msgspec skips an unknown value
+    # without checking its UTF-8, numbers or depth, which orjson (the reference) rejects.
+    forbid_unknown_fields=True,
+    # Not tracked by the cycle collector: an Event holds strings, numbers and lists of those
+    # (decoded JSON cannot form a cycle), and allocating one then does not advance gen-0 counts.
+    gc=False,
+):
+    """One served request. Times in seconds of event time, sizes in tokens.
+
+    ``request_id`` left out (or empty, when built in code) becomes the contract's default,
+    ``session_id`` + U+001F + ``turn``.
+    """
+
+    session_id: _SessionId
+    turn: _Turn
+    timestamp: _Seconds
+    input_tokens: _Tokens
+    output_tokens: _Tokens
+    request_id: _Id = ""
+    intent: _Label | None = None
+    cached_tokens: _Tokens | None = None
     prompt: str | None = None
     messages: list[dict[str, str]] | None = None
-    type: str | None = None
-    instance: str | None = None
-    block_hashes: list[int | str] | None = None
+    type: _Label | None = None
+    instance: _Id | None = None
+    block_hashes: _BlockIds | None = None
+
+    def __post_init__(self) -> None:
+        # Runs after decoding too; an explicit "" in JSON never gets here (min_length).
+        if not self.request_id:
+            self.request_id = f"{self.session_id}\x1f{self.turn}"
 
     def to_dict(self) -> dict[str, Any]:
         """The event as a contract-shaped mapping (None fields left out)."""
         out: dict[str, Any] = {}
-        for name in self.__slots__:  # type: ignore[attr-defined]
+        for name in self.__struct_fields__:
             value = getattr(self, name)
             if value is not None:
                 out[name] = value
         return out
 
 
+_decode = msgspec.json.Decoder(Event).decode
+
+
 def parse_event(raw: bytes | bytearray | memoryview | str | dict[str, Any]) -> Event:
     """Validate one event; raise :class:`EventRejected` naming the first problem found."""
+    if type(raw) is not bytes or len(raw) > MAX_EVENT_BYTES:  # bytes within size: no call
+        if isinstance(raw, dict):
+            return _parse_reference(raw)
+        raw = _within_size(raw)
+    try:
+        event = _decode(raw)
+    except Exception:  # any refusal (or msgspec failure): the reference decides and explains
+        return _parse_reference(raw)
+    cached = event.cached_tokens
+    if (cached is not None and cached > event.input_tokens) or (
+        event.messages is not None and not _messages_complete(event.messages)
+    ):
+        return _parse_reference(raw)
+    return event
+
+
+def _within_size(raw: bytes | bytearray | memoryview | str) -> bytes | bytearray | memoryview:
+    """The payload as bytes (text as UTF-8); EventRejected when over :data:`MAX_EVENT_BYTES`."""
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "surrogatepass")
+    if len(raw) > MAX_EVENT_BYTES:
+        raise EventRejected("oversized", f"{len(raw)} bytes exceeds {MAX_EVENT_BYTES}")
+    return raw
+
+
+def _messages_complete(messages: list[dict[str, str]]) -> bool:
+    """Every message has a role and a content (the decoder already made all values strings)."""
+    return all("role" in message and "content" in message for message in messages)
+
+
+def _parse_reference(raw: bytes | bytearray | memoryview | str | dict[str, Any]) -> Event:
+    """The reference validator: orjson, then the checks below; its outcome is the contract's."""
     if isinstance(raw, dict):
         obj: Any = raw
     else:
-        if isinstance(raw, str):
-            raw = raw.encode("utf-8", "surrogatepass")
-        if len(raw) > MAX_EVENT_BYTES:
-            raise EventRejected("oversized", f"{len(raw)} bytes exceeds {MAX_EVENT_BYTES}")
+        raw = _within_size(raw)
         try:
             obj = _loads(raw)
         except orjson.JSONDecodeError as exc:
@@ -97,28 +169,16 @@ def parse_event(raw: bytes | bytearray | memoryview | str | dict[str, Any]) -> E
 
 _loads = orjson.loads
 _INF = math.inf
-# Events made of these fields only may take the fast path (anything else: the full validator).
-_FAST_FIELDS = frozenset(
-    (
-        "session_id",
-        "turn",
-        "timestamp",
-        "input_tokens",
-        "output_tokens",
-        "request_id",
-        "intent",
-        "cached_tokens",
-        "prompt",
-        "schema",
-    )
-)
+# Contract fields only the detailed validator checks: events carrying one take the slow path.
+# (Unknown fields are ignored by both paths.)
+_SLOW_FIELDS = frozenset(("messages", "type", "instance", "block_hashes"))
 
 
 def _fast_path(obj: dict[str, Any]) -> Event | None:
     """The common well-formed event, checked inline; None sends it to the detailed validator.
 
-    Exactly the checks of ``_from_mapping`` for events made of :data:`_FAST_FIELDS` whose
-    optional fields are simple; anything unusual or wrong takes the slow path, which names the
+    Exactly the checks of ``_from_mapping`` for events without the fields of
+    :data:`_SLOW_FIELDS`; anything unusual or wrong takes the slow path, which names the
     problem. The Event is built positionally (keyword calls cost three times as much).
     """
     get = obj.get
@@ -138,7 +198,7 @@ def _fast_path(obj: dict[str, Any]) -> Event | None:
         and 0 <= input_tokens <= MAX_TOKENS
         and 0 <= output_tokens <= MAX_TOKENS
         and 0 <= timestamp < _INF
-        and _FAST_FIELDS.issuperset(obj)
+        and _SLOW_FIELDS.isdisjoint(obj)
     ):
         return None
     request_id = get("request_id")

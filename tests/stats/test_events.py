@@ -236,6 +236,11 @@ def test_corrupting_one_required_field_is_caught_and_named(field: str, value: ob
             "intent": st.text(max_size=2) | st.integers(),
             "prompt": st.text(max_size=2) | st.integers(),
             "schema": st.sampled_from([1, 1.0, True, 2]),
+            # fields outside the contract (ignored) and those only the detailed path checks
+            "model": st.none() | st.integers() | st.text(max_size=2) | st.lists(st.integers()),
+            "latency_ms": st.floats() | st.integers(),
+            "type": st.text(max_size=2) | st.integers(),
+            "block_hashes": st.lists(st.integers() | st.booleans(), max_size=2),
         },
     )
 )
