@@ -45,8 +45,12 @@ class Publisher:
         source_health: Callable[[], tuple[bool, str]],
         clock: Callable[[], float] = time.monotonic,
         extra_metrics: Sequence[Callable[[], dict[str, Any]]] = (),
+        publishing: bool = True,
     ) -> None:
         self.settings = settings
+        # False in a worker process (daemon/workers.py): it keeps its figures for the primary
+        # process, which alone reads the window, publishes and serves.
+        self.publishing = publishing
         self.store = store
         self._source_health = source_health
         self._clock = clock
@@ -70,6 +74,8 @@ class Publisher:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
+        if not self.publishing:
+            return
         self._thread = threading.Thread(target=self._loop, name="kvcast-refresh", daemon=True)
         self._thread.start()
 
@@ -78,6 +84,8 @@ class Publisher:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if not self.publishing:
+            return
         try:
             self.refresh_once()  # the final state, after the last commit
         except StoreUnavailable as exc:
@@ -225,6 +233,12 @@ class Publisher:
     def status(self, events_per_s: float) -> dict[str, Any]:
         """The one-line status as a document (events/s, counters, forecast, table, lag)."""
         view = self.metrics_view()
+        if not self.publishing:  # a worker process: its own figures only
+            return {
+                "events_per_s": round(events_per_s, 1),
+                "lag": view["lag"],
+                "store": view["components"].get("store"),
+            }
         forecast = view["forecast"] or {}
         counters = view["counters"]
         return {
@@ -250,6 +264,11 @@ def format_status(status: dict[str, Any]) -> str:
         return "-" if value is None else f"{value:.4f}"
 
     lag = status["lag"]
+    if "processed" not in status:  # a worker process's line
+        return (
+            f"kvcast worker | {status['events_per_s']:,.0f} events/s"
+            f" | lag {lag if lag is not None else '-'} | store {status['store']}"
+        )
     return (
         f"kvcast | {status['events_per_s']:,.0f} events/s"
         f" | processed {status['processed']:,} rejected {status['rejected']:,}"

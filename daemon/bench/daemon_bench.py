@@ -46,6 +46,9 @@ class DaemonBenchResult:
     flush_s_per_event: float  # RedisStore.commit time per event, default commit cadence
     apply_s_per_event: float  # PartitionEngine.apply time per event (same events, same run)
     flush_commits: int  # commits measured for the two figures above
+    workers: int  # processes of the multi-process instance measured below
+    instance_one_per_s: float  # `kvcast run` (1 process) once started
+    instance_workers_per_s: float  # `kvcast run --workers N` once started, same log
 
     def rows(self) -> list[tuple[str, str, str, str]]:
         per_million = self.open_conversation_bytes * 1e6 / 2**30
@@ -53,6 +56,10 @@ class DaemonBenchResult:
             ("daemon, Kafka -> Redis (4 partitions)", f"{self.daemon_per_s:,.0f} events/s",
              f"{self.consume_per_s:,.0f} events/s (bare consumer)",
              f"{self.daemon_per_s / self.consume_per_s:.2f}"),
+            (f"daemon, one instance of {self.workers} processes (--workers {self.workers})",
+             f"{self.instance_workers_per_s:,.0f} events/s",
+             f"{self.instance_one_per_s:,.0f} events/s (kvcast run, 1 process)",
+             f"{self.instance_workers_per_s / self.instance_one_per_s:.2f}"),
             ("recovery after kill -9", f"{self.recovery_s:.1f} s to first commit,"
              f" {self.catch_up_s:.1f} s to caught up", "-", "-"),
             ("memory of open conversations", f"{per_million:.2f} GiB per million (3 turns)",
@@ -129,13 +136,50 @@ def _daemon_throughput(bootstrap: str, redis_url: str, topic: str, count: int) -
     return count / elapsed
 
 
-def _recovery(bootstrap: str, redis_url: str, topic: str, count: int) -> tuple[float, float]:
-    namespace = f"bench-{uuid.uuid4().hex[:8]}"
-    args = [
+def _run_args(bootstrap: str, redis_url: str, topic: str, namespace: str) -> list[str]:
+    """``kvcast run`` on ``topic`` as a subprocess command line, classifier off."""
+    return [
         sys.executable, "-m", "kvcast.daemon.cli", "run", "--source", f"kafka://{bootstrap}/{topic}",
         "--store", redis_url, "--namespace", namespace, "--metrics-addr", "127.0.0.1:0",
-        "--commit-interval", "0.5",
+        "--classifier", "off",
     ]  # fmt: skip
+
+
+def _instance_throughput(
+    bootstrap: str, redis_url: str, topic: str, count: int, workers: int
+) -> float:
+    """Events/s of ``kvcast run --workers N`` once started: the rate from the first fifth of
+    the log committed to all of it (so that start-up, imports and group joins, is left out)."""
+    namespace = f"bench-{uuid.uuid4().hex[:8]}"
+    args = [*_run_args(bootstrap, redis_url, topic, namespace), "--workers", str(workers)]
+    client = redis.Redis.from_url(redis_url)
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while (start_count := _committed(client, namespace, topic)) < count // 5:
+            time.sleep(0.005)
+        started = time.perf_counter()
+        while _committed(client, namespace, topic) < count:
+            time.sleep(0.02)
+        return (count - start_count) / (time.perf_counter() - started)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+
+
+def _workers_throughput(
+    bootstrap: str, redis_url: str, topic: str, count: int, workers: int, rounds: int = 2
+) -> tuple[float, float]:
+    """(best events/s of one process, of ``workers`` processes), taking turns in each round."""
+    one = many = 0.0
+    for _ in range(rounds):
+        one = max(one, _instance_throughput(bootstrap, redis_url, topic, count, 1))
+        many = max(many, _instance_throughput(bootstrap, redis_url, topic, count, workers))
+    return one, many
+
+
+def _recovery(bootstrap: str, redis_url: str, topic: str, count: int) -> tuple[float, float]:
+    namespace = f"bench-{uuid.uuid4().hex[:8]}"
+    args = [*_run_args(bootstrap, redis_url, topic, namespace), "--commit-interval", "0.5"]
     client = redis.Redis.from_url(redis_url)
     first = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     while _committed(client, namespace, topic) < count // 3:
@@ -215,11 +259,12 @@ def _open_conversation_bytes(conversations: int = 100_000) -> float:
 
 
 def run_daemon_bench(
-    bootstrap: str, redis_url: str, conversations: int = 40_000
+    bootstrap: str, redis_url: str, conversations: int = 40_000, workers: int = 2
 ) -> DaemonBenchResult:
     topic, count = _produce(bootstrap, conversations)
     consume = _bare_consume(bootstrap, topic, count)
     daemon = _daemon_throughput(bootstrap, redis_url, topic, count)
+    one, many = _workers_throughput(bootstrap, redis_url, topic, count, workers)
     recovered, caught_up = _recovery(bootstrap, redis_url, topic, count)
     flush, apply, commits = _flush_cost(redis_url)
     return DaemonBenchResult(
@@ -232,6 +277,9 @@ def run_daemon_bench(
         flush_s_per_event=flush,
         apply_s_per_event=apply,
         flush_commits=commits,
+        workers=workers,
+        instance_one_per_s=one,
+        instance_workers_per_s=many,
     )
 
 

@@ -19,16 +19,11 @@ from typing import Any
 import click
 import orjson
 
-from kvcast.daemon.classification import open_classifier
 from kvcast.daemon.gc_tuning import tune_for_streaming
+from kvcast.daemon.instance import build_instance, open_store_and_source
 from kvcast.daemon.options import capacity_options, envvar_for, pop_stats_config, stats_options
-from kvcast.daemon.pipeline import IntentLabeller
-from kvcast.daemon.publisher import Publisher
-from kvcast.daemon.runner import Daemon
-from kvcast.daemon.settings import DaemonSettings, redact_url
-from kvcast.daemon.sources import embedded_source, open_source
-from kvcast.daemon.stores import open_store
-from kvcast.daemon.stores.instrumented import InstrumentedStore
+from kvcast.daemon.settings import MAX_WORKERS, DaemonSettings, redact_url
+from kvcast.daemon.workers import WorkerPool
 from kvcast.exporters.http_server import HttpServer
 from kvcast.exporters.metrics import build_registry
 
@@ -48,6 +43,12 @@ _RUN_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
     ),
     ("--namespace", "namespace", str, "Prefix of every Redis key."),
     ("--metrics-addr", "metrics_addr", str, "HOST:PORT of the HTTP server (/metrics, /v1/...)."),
+    (
+        "--workers",
+        "workers",
+        click.IntRange(min=1, max=MAX_WORKERS),
+        "Processes consuming for this instance (kafka:// and redis:// only); see README.",
+    ),
     (
         "--commit-interval",
         "commit_interval_s",
@@ -249,57 +250,70 @@ def run(log_level: str, as_json: bool, print_config: bool, **kwargs: Any) -> Non
         click.echo(orjson.dumps(resolved, option=orjson.OPT_INDENT_2).decode())
         return
     try:
-        store = open_store(settings.store, settings.namespace)
-        source = (
-            embedded_source(
-                settings.sample_conversations,
-                settings.speedup,
-                settings.capacity_blocks,
-                stats.block_size,
-            )
-            if settings.embedded
-            else open_source(settings.source or "", settings.group_id, **settings.kafka_options())
-        )
+        store, source = open_store_and_source(settings)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     tune_for_streaming()
-    sys.exit(serve(settings, store, source, status_json=as_json))
+    sys.exit(serve(settings, store, source, status_json=as_json, log_level=log_level))
 
 
-def serve(settings: DaemonSettings, store: Any, source: Any, status_json: bool = False) -> int:
-    """Wire store, source, publisher, HTTP and signals; run until SIGTERM/SIGINT."""
-    mode = "off" if settings.embedded and settings.classifier == "auto" else settings.classifier
+def serve(
+    settings: DaemonSettings,
+    store: Any,
+    source: Any,
+    status_json: bool = False,
+    log_level: str = "info",
+) -> int:
+    """Wire this process, its workers, HTTP and signals; run until SIGTERM/SIGINT."""
     try:
-        classifier = open_classifier(
-            mode,
-            settings.classifier_budget_s,
-            settings.classifier_backbone,
-            settings.classifier_head,
-            settings.taxonomy,
-        )
+        instance = build_instance(settings, store, source, status_out=sys.stdout)
     except RuntimeError as exc:
         raise click.UsageError(f"--classifier on: {exc}") from None
-    store = InstrumentedStore(store)
-    reports = [store.metrics] + ([classifier.metrics] if classifier else [])
-    publisher = Publisher(settings, store, source.health, extra_metrics=reports)
-    registry = build_registry(publisher.metrics_view)
+    daemon, publisher = instance.daemon, instance.publisher
+    daemon.status_json = status_json
+    pool = None
+    if settings.workers > 1:
+
+        def worker_failed(reason: str) -> None:
+            publisher.set_component("workers", reason)  # /readyz names it while draining
+            daemon.request_stop()
+
+        pool = WorkerPool(settings, log_level, on_failure=worker_failed)
+        publisher.set_component("workers", "ok")
+    view = (
+        publisher.metrics_view
+        if pool is None
+        else lambda: pool.merge_into(publisher.metrics_view())
+    )
     host, port = settings.http_host_port()
-    http = HttpServer(host, port, publisher, registry)
+    http = HttpServer(host, port, publisher, build_registry(view))
     try:
         http.start()
     except OSError as exc:
+        instance.close()
         raise click.UsageError(f"--metrics-addr {settings.metrics_addr}: {exc}") from None
-    labeller = IntentLabeller(classify_batch=classifier.classify_batch if classifier else None)
-    daemon = Daemon(settings, store, source, publisher, labeller=labeller, status_out=sys.stdout)
-    daemon.status_json = status_json
+
+    def stop(*_: object) -> None:
+        daemon.request_stop()
+        if pool is not None:
+            pool.request_stop()
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: daemon.request_stop())
+        signal.signal(signum, stop)
     mode = "embedded default" if settings.embedded else f"source {settings.source}"
-    click.echo(f"kvcast: {mode}, store {redact_url(settings.store)}, serving {http.url}", err=True)
+    workers = f", {settings.workers} processes" if pool is not None else ""
+    click.echo(
+        f"kvcast: {mode}, store {redact_url(settings.store)}{workers}, serving {http.url}",
+        err=True,
+    )
+    code = 1
     try:
-        return daemon.run()
+        if pool is not None:
+            pool.start()
+        code = daemon.run()
     finally:
+        if pool is not None:
+            code = max(code, pool.stop(settings.shutdown_timeout_s + 10))
         http.close()
-        store.close()
-        if classifier is not None:
-            classifier.close()
+        instance.close()
+    return code
