@@ -26,7 +26,8 @@ from perf_ab import ROOT, export
 
 DUMP = r"""
 import json, random, sys
-old_root, preset_name, tight, conversations = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
+old_root, preset_name, tight = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+conversations = int(sys.argv[4])
 if old_root:
     sys.path.insert(0, old_root)
 from kvcast.daemon.pipeline import Pipeline
@@ -36,7 +37,8 @@ from kvcast.stats.generator import generate, preset
 from kvcast.stats.partition import PartitionEngine, decode_conversation
 
 config = (
-    StatsConfig(max_turn=3, completion_timeout_s=60.0, max_open_conversations=50, allowed_lateness_s=5.0)
+    StatsConfig(max_turn=3, completion_timeout_s=60.0, max_open_conversations=50,
+                allowed_lateness_s=5.0)
     if tight else StatsConfig()
 )
 trace = generate(preset(preset_name), lambda0=3.0, conversations=conversations, seed=11)
@@ -95,7 +97,8 @@ for offset, line in enumerate(lines):
             deltas.append({
                 "partition": d.partition, "base": d.base_offset, "offset": d.offset,
                 "newest_ts": d.newest_ts,
-                "upserts": sorted(conversation_dump(decode_conversation(s, p)) for s, p in d.upserts.items()),
+                "upserts": sorted(conversation_dump(decode_conversation(s, p))
+                                  for s, p in d.upserts.items()),
                 "removals": sorted(d.removals), "ids_added": sorted(d.ids_added.items()),
                 "ids_removed": sorted(d.ids_removed),
                 "buckets": {str(i): bucket_dump(b) for i, b in sorted(d.buckets.items())},
@@ -104,8 +107,8 @@ for offset, line in enumerate(lines):
 for part in engines:
     part.flush()
     d = part.take_delta()
-    deltas.append({"partition": d.partition, "buckets": {str(i): bucket_dump(b) for i, b in sorted(d.buckets.items())},
-                   "removals": sorted(d.removals)})
+    deltas.append({"partition": d.partition, "removals": sorted(d.removals),
+                   "buckets": {str(i): bucket_dump(b) for i, b in sorted(d.buckets.items())}})
 print(json.dumps({"replay": replay, "deltas": deltas}, sort_keys=True, default=str))
 """
 
