@@ -1,42 +1,29 @@
 """`kvcast run` against a real Kafka-protocol broker and a real Redis.
 
 The reference is computed offline from the same records: one StatsEngine per partition fed
-in offset order (a partition is the unit of ordering), merged. The daemon's /v1/table and
-/v1/forecast must equal it exactly: after an uninterrupted run, after kill -9 and a restart,
-and with two instances in one consumer group.
+in offset order (a partition is the unit of ordering), merged. The daemon's /v1/table,
+/v1/forecast and rejection counts must equal it exactly (``soak.compare``): after an
+uninterrupted run, after kill -9 and a restart, and with two instances in one consumer group.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import signal
-import subprocess
-import sys
 import time
-import urllib.error
 import urllib.request
-from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 import pytest
-import redis
 from kafka import KafkaProducer
 
-from kvcast.daemon.pipeline import offline_statistics
-from kvcast.daemon.publisher import capacity_grid
-from kvcast.stats.config import StatsConfig
-from kvcast.stats.forecast import forecast_from_sample
+from kvcast.daemon.bench.processes import DaemonProcess
+from kvcast.daemon.bench.soak import STATS_FLAGS, Records, compare, stored_offsets, wait_consumed
 from kvcast.stats.generator import generate, preset
-from kvcast.stats.table import table_document
 
 pytestmark = pytest.mark.integration
-
-STATS = StatsConfig(completion_timeout_s=900, allowed_lateness_s=30)
-FLAGS = ["--completion-timeout", "900", "--allowed-lateness", "30", "--capacity-blocks", "3000"]
-Records = list[tuple[int, int, bytes]]  # (partition, offset, payload)
 
 
 @pytest.fixture
@@ -57,46 +44,6 @@ def produced(kafka_bootstrap: str, kafka_topic: str) -> Records:
         records.append((metadata.partition, metadata.offset, payload))
     producer.close()
     return records
-
-
-def reference(records: Records) -> tuple[dict, dict]:
-    snapshot, _ = offline_statistics(records, STATS)
-    forecast = forecast_from_sample(
-        snapshot.sample, capacity_blocks=3000, capacities=capacity_grid(3000)
-    ).to_dict()
-    return table_document(snapshot, STATS, 0), forecast
-
-
-class DaemonProcess:
-    def __init__(self, args: list[str], log: Path) -> None:
-        self.log = log
-        self.handle = log.open("wb")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "kvcast.daemon.cli", "run", *args],
-            stdout=self.handle,
-            stderr=subprocess.STDOUT,
-        )
-        self.url = self._wait_for_url()
-
-    def _wait_for_url(self) -> str:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            match = re.search(rb"serving (http://[\d.:]+)", self.log.read_bytes())
-            if match:
-                return match.group(1).decode()
-            assert self.process.poll() is None, self.log.read_text()
-            time.sleep(0.1)
-        raise AssertionError(f"daemon did not start:\n{self.log.read_text()}")
-
-    def get(self, path: str) -> dict:
-        with urllib.request.urlopen(self.url + path, timeout=5) as response:
-            return orjson.loads(response.read())
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
-        self.process.send_signal(sig)
-        code = self.process.wait(timeout=timeout)
-        self.handle.close()
-        return code
 
 
 @pytest.fixture
@@ -120,50 +67,11 @@ def start(daemons, tmp_path, bootstrap, topic, redis_url, namespace) -> DaemonPr
         "--refresh-interval", "0.3",
         "--table-interval", "0.1",
         "--status-interval", "1",
-        *FLAGS,
+        *STATS_FLAGS,  # the soak's settings, which its offline reference (compare) uses
     ]  # fmt: skip
     daemon = DaemonProcess(args, tmp_path / f"daemon-{len(daemons)}.log")
     daemons.append(daemon)
     return daemon
-
-
-def stored_offsets(client: redis.Redis, namespace: str, topic: str, partitions: int) -> list[int]:
-    prefix = f"{namespace}:{{{namespace}}}:part:{topic}:"
-    return [int(client.hget(f"{prefix}{p}", "offset") or -1) for p in range(partitions)]
-
-
-def wait_consumed(client, namespace, topic, records: Records, timeout: float = 60) -> None:
-    last = defaultdict(lambda: -1)
-    for partition, offset, _ in records:
-        last[partition] = max(last[partition], offset)
-    want = [last[p] for p in range(4)]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if stored_offsets(client, namespace, topic, 4) == want:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"not consumed: {stored_offsets(client, namespace, topic, 4)} != {want}")
-
-
-def assert_published_equals_reference(daemon: DaemonProcess, records: Records) -> None:
-    table, forecast = reference(records)
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            published_table, published = daemon.get("/v1/table"), daemon.get("/v1/forecast")
-        except urllib.error.HTTPError as exc:  # 503 until the first refresh after the data
-            if exc.code != 503 or time.monotonic() > deadline:
-                raise
-            time.sleep(0.3)
-            continue
-        if published_table["states"] == table["states"] or time.monotonic() > deadline:
-            break
-        time.sleep(0.3)
-    assert published_table["states"] == table["states"]
-    assert published_table["window_conversations"] == table["window_conversations"]
-    for key in ("hit_ratio", "hit_ratio_single_class", "upper_bound", "lambda0", "A_R", "E_B"):
-        assert published[key] == forecast[key], key
-    assert published["curve"] == forecast["curve"]
 
 
 def test_uninterrupted_run_publishes_the_offline_statistics(
@@ -171,8 +79,8 @@ def test_uninterrupted_run_publishes_the_offline_statistics(
     produced,
 ) -> None:  # fmt: skip
     daemon = start(daemons, tmp_path, kafka_bootstrap, kafka_topic, redis_url, redis_namespace)
-    wait_consumed(redis_client, redis_namespace, kafka_topic, produced)
-    assert_published_equals_reference(daemon, produced)
+    wait_consumed(redis_client, redis_namespace, kafka_topic, produced, 4)
+    assert compare(daemon, produced) == []
     metrics = urllib.request.urlopen(daemon.url + "/metrics", timeout=5).read().decode()
     assert 'kvcast_events_rejected_total{reason="wrong_type"} 1.0' in metrics
     assert daemon.get("/readyz")["status"] == "ready"
@@ -195,8 +103,8 @@ def test_kill_9_and_restart_lose_and_double_nothing(
         produced
     ), "the kill came too late to interrupt anything"
     second = start(daemons, tmp_path, kafka_bootstrap, kafka_topic, redis_url, redis_namespace)
-    wait_consumed(redis_client, redis_namespace, kafka_topic, produced)
-    assert_published_equals_reference(second, produced)
+    wait_consumed(redis_client, redis_namespace, kafka_topic, produced, 4)
+    assert compare(second, produced) == []
 
 
 def test_two_instances_in_one_group_equal_one(
@@ -205,9 +113,9 @@ def test_two_instances_in_one_group_equal_one(
 ) -> None:  # fmt: skip
     one = start(daemons, tmp_path, kafka_bootstrap, kafka_topic, redis_url, redis_namespace)
     two = start(daemons, tmp_path, kafka_bootstrap, kafka_topic, redis_url, redis_namespace)
-    wait_consumed(redis_client, redis_namespace, kafka_topic, produced, timeout=90)
-    assert_published_equals_reference(one, produced)
-    assert_published_equals_reference(two, produced)
+    wait_consumed(redis_client, redis_namespace, kafka_topic, produced, 4, 90)
+    assert compare(one, produced) == []
+    assert compare(two, produced) == []
     assert "assigned" in one.log.read_text() and "assigned" in two.log.read_text()
 
 
@@ -247,10 +155,10 @@ def test_two_deployments_on_different_topics_never_share_a_group(
     try:
         first = start(daemons, tmp_path, kafka_bootstrap, kafka_topic, redis_url, redis_namespace)
         second = start(daemons, tmp_path, kafka_bootstrap, other_topic, redis_url, other_namespace)
-        wait_consumed(redis_client, redis_namespace, kafka_topic, produced, timeout=90)
-        wait_consumed(redis_client, other_namespace, other_topic, other, timeout=90)
-        assert_published_equals_reference(first, produced)
-        assert_published_equals_reference(second, other)
+        wait_consumed(redis_client, redis_namespace, kafka_topic, produced, 4, 90)
+        wait_consumed(redis_client, other_namespace, other_topic, other, 4, 90)
+        assert compare(first, produced) == []
+        assert compare(second, other) == []
     finally:
         for key in redis_client.scan_iter(match=f"{other_namespace}:*", count=1000):
             redis_client.delete(key)
