@@ -156,14 +156,21 @@ def _instance_throughput(
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         while (start_count := _committed(client, namespace, topic)) < count // 5:
+            _still_running(process)
             time.sleep(0.005)
         started = time.perf_counter()
         while _committed(client, namespace, topic) < count:
+            _still_running(process)
             time.sleep(0.02)
         return (count - start_count) / (time.perf_counter() - started)
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
+
+
+def _still_running(process: subprocess.Popen) -> None:
+    if process.poll() is not None:
+        raise RuntimeError(f"kvcast run exited with code {process.returncode} during the bench")
 
 
 def _workers_throughput(
