@@ -16,6 +16,7 @@ import pytest
 from kvcast.classifier.inputs import Window
 from kvcast.classifier.model import Prediction
 from kvcast.classifier.worker import Worker
+from kvcast.daemon.bench.processes import DaemonProcess
 from kvcast.daemon.classification import ClassifierStage, LatencyHistogram
 from kvcast.daemon.pipeline import IntentLabeller
 from kvcast.daemon.publisher import Publisher
@@ -26,7 +27,6 @@ from kvcast.daemon.stores.memory import MemoryStore
 from kvcast.exporters.metrics import build_registry
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.events import parse_event
-from tests.daemon.test_daemon_integration import DaemonProcess
 
 
 class KeywordClassifier:

@@ -14,13 +14,8 @@ import pytest
 import redis
 from kafka.admin import KafkaAdminClient, NewTopic
 
-from kvcast.daemon.bench.processes import wait_until
-from tests.daemon.test_daemon_integration import (
-    DaemonProcess,
-    Records,
-    assert_published_equals_reference,
-    wait_consumed,
-)
+from kvcast.daemon.bench.processes import DaemonProcess, wait_until
+from kvcast.daemon.bench.soak import Records, compare, wait_consumed
 from tests.support import produce, readiness
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -49,7 +44,7 @@ def test_store_and_broker_outages_lose_nothing(own_redis, own_broker, tmp_path) 
     )  # fmt: skip
     try:
         client = redis.Redis.from_url(own_redis.url)
-        wait_consumed(client, namespace, topic, records)
+        wait_consumed(client, namespace, topic, records, 4)
         wait_until(lambda: readiness(daemon)[0] == 200, 30, "ready")
 
         # Redis frozen: not ready, naming the store; nothing may be lost meanwhile.
@@ -63,7 +58,7 @@ def test_store_and_broker_outages_lose_nothing(own_redis, own_broker, tmp_path) 
         # Redis restarted (its append-only file keeps the state, as in production).
         own_redis.restart()
         produce(address, topic, lines[half + 500 : half + 1000], records)
-        wait_consumed(client, namespace, topic, records)
+        wait_consumed(client, namespace, topic, records, 4)
 
         # The broker frozen: the source reports it, then everything resumes.
         os.kill(broker.pid, signal.SIGSTOP)
@@ -71,9 +66,9 @@ def test_store_and_broker_outages_lose_nothing(own_redis, own_broker, tmp_path) 
         assert readiness(daemon)[1]["components"]["source"] != "ok"
         os.kill(broker.pid, signal.SIGCONT)
         produce(address, topic, lines[half + 1000 :], records)
-        wait_consumed(client, namespace, topic, records, timeout=90)
+        wait_consumed(client, namespace, topic, records, 4, 90)
         wait_until(lambda: readiness(daemon)[0] == 200, 40, "ready after the broker thawed")
-        assert_published_equals_reference(daemon, records)
+        assert compare(daemon, records) == []
         assert daemon.stop(signal.SIGTERM) == 0
     finally:
         if daemon.process.poll() is None:
