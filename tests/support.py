@@ -1,4 +1,5 @@
-"""Helpers shared by tests: comparable forms of results, producing events, a daemon's readiness."""
+"""Helpers shared by tests: a valid event, comparable forms of results, producing events, a
+daemon's readiness."""
 
 from __future__ import annotations
 
@@ -12,6 +13,16 @@ from kvcast.stats.snapshot import Snapshot
 
 if TYPE_CHECKING:
     from kvcast.daemon.bench.soak import Records
+
+
+# A well-formed event with only the required fields (the event contract's tests start from it).
+VALID = {
+    "session_id": "s-1",
+    "turn": 2,
+    "timestamp": 1700000000.25,
+    "input_tokens": 300,
+    "output_tokens": 40,
+}
 
 
 class Served(Protocol):

@@ -15,14 +15,7 @@ from kvcast.stats.events import (
     EventRejected,
     parse_event,
 )
-
-VALID = {
-    "session_id": "s-1",
-    "turn": 2,
-    "timestamp": 1700000000.25,
-    "input_tokens": 300,
-    "output_tokens": 40,
-}
+from tests.support import VALID
 
 
 def rejected(raw: object) -> EventRejected:

@@ -32,6 +32,7 @@ from kvcast.stats.events import (
     _parse_reference,
     parse_event,
 )
+from tests.support import VALID
 
 FIELDS = (
     "session_id", "turn", "timestamp", "input_tokens", "output_tokens", "request_id", "intent",
@@ -266,15 +267,6 @@ def test_decoder_agrees_on_mutated_events(raw: bytes, data: st.DataObject) -> No
 @given(st.binary(max_size=200) | json_values.map(lambda v: dump(v, ascii_only=False)))
 def test_decoder_agrees_on_arbitrary_bytes_and_json_values(raw: bytes) -> None:
     assert_agree(raw)
-
-
-VALID = {
-    "session_id": "s-1",
-    "turn": 2,
-    "timestamp": 1700000000.25,
-    "input_tokens": 300,
-    "output_tokens": 40,
-}
 
 
 def splice(text: bytes) -> bytes:
