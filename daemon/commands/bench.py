@@ -9,6 +9,7 @@ from typing import Any
 import click
 import orjson
 
+from kvcast.daemon.bench.machine import describe_machine, machine_line
 from kvcast.daemon.bench.throughput import run_throughput
 from kvcast.daemon.bench.validation import ValidationGrid, measure_speed, run_validation
 from kvcast.daemon.gc_tuning import tune_for_streaming
@@ -32,7 +33,7 @@ def _markdown(rows: list[tuple[str, str, str, str]]) -> str:
     "suites",
     type=click.Choice(SUITES),
     multiple=True,
-    help="Suites to run (repeatable; default: all).",
+    help="Suites to run (repeatable; default: " + ", ".join(DEFAULT_SUITES) + ").",
 )
 @click.option(
     "--conversations",
@@ -71,7 +72,8 @@ def bench(
     """Run the benchmark suites; print a Markdown table (the README's) or JSON."""
     tune_for_streaming()  # the figures are those of `kvcast run` and `kvcast replay`
     chosen = suites or DEFAULT_SUITES
-    results: dict[str, Any] = {}
+    machine = describe_machine()
+    results: dict[str, Any] = {"machine": machine}
     rows: list[tuple[str, str, str, str]] = []
     if "throughput" in chosen:
         throughput = run_throughput(conversations=conversations)
@@ -123,3 +125,4 @@ def bench(
         sys.stdout.buffer.write(orjson.dumps(results, option=orjson.OPT_INDENT_2) + b"\n")
     else:
         click.echo(_markdown(rows))
+        click.echo(f"\n{machine_line(machine)}")
