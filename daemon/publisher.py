@@ -231,10 +231,15 @@ class Publisher:
             }
 
     def status(self, events_per_s: float) -> dict[str, Any]:
-        """The one-line status as a document (events/s, counters, forecast, table, lag)."""
+        """The one-line status as a document (events/s, counters, forecast, table, lag).
+
+        ``role`` says which process wrote it: the ``primary`` (the instance's figures) or a
+        ``worker`` of ``--workers N`` (its own rate, lag and store only).
+        """
         view = self.metrics_view()
         if not self.publishing:  # a worker process: its own figures only
             return {
+                "role": "worker",
                 "events_per_s": round(events_per_s, 1),
                 "lag": view["lag"],
                 "store": view["components"].get("store"),
@@ -242,6 +247,7 @@ class Publisher:
         forecast = view["forecast"] or {}
         counters = view["counters"]
         return {
+            "role": "primary",
             "events_per_s": round(events_per_s, 1),
             "processed": counters.get("processed", 0),
             "rejected": counters.get("rejected", 0),
@@ -264,7 +270,7 @@ def format_status(status: dict[str, Any]) -> str:
         return "-" if value is None else f"{value:.4f}"
 
     lag = status["lag"]
-    if "processed" not in status:  # a worker process's line
+    if status["role"] == "worker":
         return (
             f"kvcast worker | {status['events_per_s']:,.0f} events/s"
             f" | lag {lag if lag is not None else '-'} | store {status['store']}"
