@@ -45,6 +45,7 @@ else:
     b, url = "127.0.0.1:19092", "redis://127.0.0.1:6379/0"
     topic, count = d._produce(b, 40000)
     bare, daemon = d._bare_consume(b, topic, count), d._daemon_throughput(b, url, topic, count)
+    daemon = getattr(daemon, "events_per_s", daemon)  # older code returned the rate alone
     flush, apply, _ = d._flush_cost(url)
     out = {"daemon_per_s": daemon, "bare_per_s": bare, "ratio": daemon / bare,
            "flush_us_per_event": flush * 1e6, "apply_us_per_event": apply * 1e6}

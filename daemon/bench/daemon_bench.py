@@ -33,6 +33,21 @@ from kvcast.stats.generator import generate, preset
 from kvcast.stats.partition import PartitionEngine
 
 PARTITIONS = 4
+# The in-process daemon again on topics of these many partitions (same events): how the rate
+# and the Redis load move with the partitions an instance owns.
+PARTITION_SWEEP = (1, PARTITIONS, 16)
+
+
+@dataclass(frozen=True)
+class DaemonRun:
+    """The in-process daemon's rate and the load it put on Redis meanwhile."""
+
+    partitions: int
+    events_per_s: float
+    # Commands Redis ran for the daemon, those inside its commit scripts included (the bench's
+    # own polls left out): the server's work, not the round trips.
+    redis_commands_per_s: float
+    redis_cpu_per_s: float  # Redis server CPU seconds per wall second (1.0: one core busy)
 
 
 @dataclass(frozen=True)
@@ -46,6 +61,7 @@ class DaemonBenchResult:
     flush_s_per_event: float  # RedisStore.commit time per event, default commit cadence
     apply_s_per_event: float  # PartitionEngine.apply time per event (same events, same run)
     flush_commits: int  # commits measured for the two figures above
+    partition_sweep: list[DaemonRun]  # the in-process daemon per PARTITION_SWEEP entry
     workers: int  # processes of the multi-process instance measured below
     instance_one_per_s: float  # `kvcast run` (1 process) once started
     instance_workers_per_s: float  # `kvcast run --workers N` once started, same log
@@ -53,9 +69,17 @@ class DaemonBenchResult:
     def rows(self) -> list[tuple[str, str, str, str]]:
         per_million = self.open_conversation_bytes * 1e6 / 2**30
         return [
-            ("daemon, Kafka -> Redis (4 partitions)", f"{self.daemon_per_s:,.0f} events/s",
+            (f"daemon, Kafka -> Redis ({PARTITIONS} partitions)",
+             f"{self.daemon_per_s:,.0f} events/s",
              f"{self.consume_per_s:,.0f} events/s (bare consumer)",
              f"{self.daemon_per_s / self.consume_per_s:.2f}"),
+            *[(f"daemon with {run.partitions} partition(s): rate and Redis load",
+               f"{run.events_per_s:,.0f} events/s; Redis {run.redis_commands_per_s:,.0f}"
+               f" commands/s ({run.redis_commands_per_s / run.events_per_s:.2f} per event),"
+               f" {run.redis_cpu_per_s:.0%} of a core",
+               f"{self.daemon_per_s:,.0f} events/s ({PARTITIONS} partitions)",
+               f"{run.events_per_s / self.daemon_per_s:.2f}")
+              for run in self.partition_sweep],
             (f"daemon, one instance of {self.workers} processes (--workers {self.workers})",
              f"{self.instance_workers_per_s:,.0f} events/s",
              f"{self.instance_one_per_s:,.0f} events/s (kvcast run, 1 process)",
@@ -71,10 +95,11 @@ class DaemonBenchResult:
         ]  # fmt: skip
 
 
-def _produce(bootstrap: str, conversations: int) -> tuple[str, int]:
+def _produce(bootstrap: str, conversations: int, partitions: int = PARTITIONS) -> tuple[str, int]:
+    """A new topic holding the generated workload keyed by session: (topic, events)."""
     topic = f"kvcast-bench-{uuid.uuid4().hex[:8]}"
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])
+    admin.create_topics([NewTopic(topic, partitions, 1)])
     admin.close()
     trace = generate(preset("mixed"), lambda0=5.0, conversations=conversations, seed=3)
     producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=1 << 18)
@@ -108,12 +133,23 @@ def _bare_consume(bootstrap: str, topic: str, count: int) -> float:
     return count / elapsed
 
 
-def _committed(client: redis.Redis, namespace: str, topic: str) -> int:
+def _committed(
+    client: redis.Redis, namespace: str, topic: str, partitions: int = PARTITIONS
+) -> int:
+    """Events committed to Redis so far over the topic's partitions (one HGET each)."""
     prefix = f"{namespace}:{{{namespace}}}:part:{topic}:"
-    return sum(int(client.hget(f"{prefix}{p}", "offset") or -1) + 1 for p in range(PARTITIONS))
+    return sum(int(client.hget(f"{prefix}{p}", "offset") or -1) + 1 for p in range(partitions))
 
 
-def _daemon_throughput(bootstrap: str, redis_url: str, topic: str, count: int) -> float:
+def _redis_work(client: redis.Redis) -> tuple[int, float]:
+    """(commands processed, CPU seconds used) by the Redis server since it started."""
+    stats, cpu = client.info("stats"), client.info("cpu")
+    return stats["total_commands_processed"], cpu["used_cpu_user"] + cpu["used_cpu_sys"]
+
+
+def _daemon_throughput(
+    bootstrap: str, redis_url: str, topic: str, count: int, partitions: int = PARTITIONS
+) -> DaemonRun:
     namespace = f"bench-{uuid.uuid4().hex[:8]}"
     settings = DaemonSettings(
         source=f"kafka://{bootstrap}/{topic}", store=redis_url, namespace=namespace,
@@ -122,18 +158,29 @@ def _daemon_throughput(bootstrap: str, redis_url: str, topic: str, count: int) -
     store = RedisStore(redis_url, namespace)
     source = KafkaSource(bootstrap, topic, settings.group_id)
     daemon = Daemon(settings, store, source, Publisher(settings, store, source.health))
+    client = redis.Redis.from_url(redis_url)
     thread = threading.Thread(target=daemon.run)
     thread.start()
     while daemon.events_seen == 0:
         time.sleep(0.01)
     started = time.perf_counter()
-    client = redis.Redis.from_url(redis_url)
-    while _committed(client, namespace, topic) < count:
+    commands_before, cpu_before = _redis_work(client)
+    polls = 1
+    while _committed(client, namespace, topic, partitions) < count:
+        polls += 1
         time.sleep(0.02)
     elapsed = time.perf_counter() - started
+    commands_after, cpu_after = _redis_work(client)
     daemon.request_stop()
     thread.join()
-    return count / elapsed
+    # Each poll is one HGET per partition; the two INFO calls of the first reading count too.
+    commands = commands_after - commands_before - polls * partitions - 2
+    return DaemonRun(
+        partitions=partitions,
+        events_per_s=count / elapsed,
+        redis_commands_per_s=commands / elapsed,
+        redis_cpu_per_s=(cpu_after - cpu_before) / elapsed,
+    )
 
 
 def _run_args(bootstrap: str, redis_url: str, topic: str, namespace: str) -> list[str]:
@@ -271,19 +318,27 @@ def run_daemon_bench(
     topic, count = _produce(bootstrap, conversations)
     consume = _bare_consume(bootstrap, topic, count)
     daemon = _daemon_throughput(bootstrap, redis_url, topic, count)
+    sweep = []
+    for partitions in PARTITION_SWEEP:
+        if partitions == PARTITIONS:
+            sweep.append(daemon)
+            continue
+        other_topic, other_count = _produce(bootstrap, conversations, partitions)
+        sweep.append(_daemon_throughput(bootstrap, redis_url, other_topic, other_count, partitions))
     one, many = _workers_throughput(bootstrap, redis_url, topic, count, workers)
     recovered, caught_up = _recovery(bootstrap, redis_url, topic, count)
     flush, apply, commits = _flush_cost(redis_url)
     return DaemonBenchResult(
         events=count,
         consume_per_s=consume,
-        daemon_per_s=daemon,
+        daemon_per_s=daemon.events_per_s,
         recovery_s=recovered,
         catch_up_s=caught_up,
         open_conversation_bytes=_open_conversation_bytes(),
         flush_s_per_event=flush,
         apply_s_per_event=apply,
         flush_commits=commits,
+        partition_sweep=sweep,
         workers=workers,
         instance_one_per_s=one,
         instance_workers_per_s=many,
