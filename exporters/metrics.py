@@ -69,6 +69,11 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "Completed conversations in the statistics window (conversations).",
         (),
     ),
+    "kvcast_event_time_seconds": (
+        "gauge",
+        "Newest event time in the shared statistics, on the events' own clock (seconds).",
+        (),
+    ),
     "kvcast_events": (
         "counter",
         "Valid, first-seen events processed by all instances (events).",
@@ -129,6 +134,7 @@ _FORECAST_GAUGES = {
     "kvcast_conversation_arrival_rate": "lambda0",
     "kvcast_capacity_blocks": "capacity_blocks",
     "kvcast_window_conversations": "window_conversations",
+    "kvcast_event_time_seconds": "event_time",
 }
 
 

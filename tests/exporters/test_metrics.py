@@ -10,6 +10,7 @@ import re
 import threading
 import time
 import urllib.request
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -44,11 +45,15 @@ SPEC_METRICS = {
 }
 
 
-@pytest.fixture(scope="module")
-def scraped() -> tuple[dict, Publisher]:
-    trace = generate(
+def workload() -> Any:
+    return generate(
         preset("mixed"), lambda0=1.0, conversations=600, seed=8, cached_capacity_blocks=3000
     )
+
+
+@pytest.fixture(scope="module")
+def scraped() -> tuple[dict, Publisher]:
+    trace = workload()
     lines = [line.rstrip(b"\n") for line in trace.jsonl_lines()]
     lines.insert(10, b'{"turn": 1}')
     settings = DaemonSettings(
@@ -118,6 +123,9 @@ def test_values_equal_the_published_forecast_and_table(scraped) -> None:
     )
     assert value(families, "kvcast_conversation_arrival_rate") == pytest.approx(forecast["lambda0"])
     assert value(families, "kvcast_capacity_blocks") == 3000
+    # The newest event time the statistics have seen: the events' own clock, not the wall's.
+    newest = max(event["timestamp"] for event in workload().events())
+    assert value(families, "kvcast_event_time_seconds") == forecast["event_time"] == newest
     required = forecast["required_capacity_by_target"][0]
     assert (
         value(families, "kvcast_required_capacity_blocks", {"target": "0.5"})
