@@ -15,6 +15,8 @@ import time
 import tracemalloc
 import uuid
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import redis
@@ -51,6 +53,16 @@ class DaemonRun:
 
 
 @dataclass(frozen=True)
+class RefreshCost:
+    """One publisher refresh over the shared window: read it, snapshot, forecast, table."""
+
+    window_conversations: int
+    seconds: float  # wall time of Publisher.refresh_once, best of the rounds
+    redis_commands: int  # commands Redis ran for that refresh
+    redis_cpu_s: float  # Redis CPU seconds that refresh took
+
+
+@dataclass(frozen=True)
 class DaemonBenchResult:
     events: int
     consume_per_s: float  # bare kafka-python consumer, same topic
@@ -61,6 +73,7 @@ class DaemonBenchResult:
     flush_s_per_event: float  # RedisStore.commit time per event, default commit cadence
     apply_s_per_event: float  # PartitionEngine.apply time per event (same events, same run)
     flush_commits: int  # commits measured for the two figures above
+    refresh: RefreshCost  # one publisher refresh over the window those commits left
     partition_sweep: list[DaemonRun]  # the in-process daemon per PARTITION_SWEEP entry
     workers: int  # processes of the multi-process instance measured below
     instance_one_per_s: float  # `kvcast run` (1 process) once started
@@ -88,6 +101,11 @@ class DaemonBenchResult:
              f" {self.catch_up_s:.1f} s to caught up", "-", "-"),
             ("memory of open conversations", f"{per_million:.2f} GiB per million (3 turns)",
              "-", "-"),
+            (f"publisher refresh (window of {self.refresh.window_conversations:,} conversations)",
+             f"{self.refresh.seconds * 1e3:.0f} ms; Redis {self.refresh.redis_commands:,}"
+             f" commands, {self.refresh.redis_cpu_s * 1e3:.1f} ms of its CPU",
+             f"{DaemonSettings().refresh_interval_s:g} s (default refresh interval)",
+             f"{self.refresh.seconds / DaemonSettings().refresh_interval_s:.3f} of it"),
             ("Redis flush cost per event (4 partitions, 10,000-event commits)",
              f"{self.flush_s_per_event * 1e6:.1f} µs/event ({self.flush_commits} commits)",
              f"{self.apply_s_per_event * 1e6:.1f} µs/event (applying them: PartitionEngine)",
@@ -253,14 +271,24 @@ def _recovery(bootstrap: str, redis_url: str, topic: str, count: int) -> tuple[f
     return recovered, caught_up
 
 
-def _flush_cost(redis_url: str, conversations: int = 10_000) -> tuple[float, float, int]:
-    """(s per event committing to Redis, s per event applying to the engines, commits).
+@dataclass(frozen=True)
+class CommittedWorkload:
+    """A namespace holding a committed workload, and what committing it cost (s per event)."""
 
-    A commit's time includes taking the delta (encoding the open conversations it touched).
+    store: RedisStore
+    namespace: str
+    commit_s_per_event: float  # RedisStore.commit, taking the delta included
+    apply_s_per_event: float  # PartitionEngine.apply
+    commits: int
 
-    The same workload as the throughput runs, keyed into :data:`PARTITIONS` partitions as a
-    producer keying by session would, one delta per partition every ``commit_max_events``
-    events (the daemon's default cadence), each committed by :meth:`RedisStore.commit`.
+
+@contextmanager
+def _committed_workload(redis_url: str, conversations: int = 10_000) -> Iterator[CommittedWorkload]:
+    """The ``mixed`` workload committed to a fresh namespace; its keys are deleted on exit.
+
+    Keyed into :data:`PARTITIONS` partitions as a producer keying by session would, one delta
+    per partition every ``commit_max_events`` events (the daemon's default cadence), each
+    committed by :meth:`RedisStore.commit`.
     """
     namespace = f"bench-{uuid.uuid4().hex[:8]}"
     store = RedisStore(redis_url, namespace)
@@ -270,25 +298,60 @@ def _flush_cost(redis_url: str, conversations: int = 10_000) -> tuple[float, flo
     engines = [PartitionEngine(config, f"bench:{p}") for p in range(PARTITIONS)]
     apply_s = commit_s = 0.0
     commits = pending = 0
-    for offset, event in enumerate(events):
-        engine = engines[zlib.crc32(event.session_id.encode()) % PARTITIONS]
-        started = time.perf_counter()
-        engine.apply(event, event.intent or "unknown", offset)
-        apply_s += time.perf_counter() - started
-        pending += 1
-        if pending == settings.commit_max_events or offset == len(events) - 1:
-            pending = 0
-            for engine in engines:
-                started = time.perf_counter()
-                store.commit(engine.take_delta())
-                commit_s += time.perf_counter() - started
-                commits += 1
+    try:
+        for offset, event in enumerate(events):
+            engine = engines[zlib.crc32(event.session_id.encode()) % PARTITIONS]
+            started = time.perf_counter()
+            engine.apply(event, event.intent or "unknown", offset)
+            apply_s += time.perf_counter() - started
+            pending += 1
+            if pending == settings.commit_max_events or offset == len(events) - 1:
+                pending = 0
+                for engine in engines:
+                    started = time.perf_counter()
+                    store.commit(engine.take_delta())
+                    commit_s += time.perf_counter() - started
+                    commits += 1
+        yield CommittedWorkload(
+            store, namespace, commit_s / len(events), apply_s / len(events), commits
+        )
+    finally:
+        client = redis.Redis.from_url(redis_url)
+        keys = list(client.scan_iter(match=f"{namespace}:*", count=1000))
+        if keys:
+            client.delete(*keys)
+        store.close()
+
+
+def _flush_cost(redis_url: str, conversations: int = 10_000) -> tuple[float, float, int]:
+    """(s per event committing to Redis, s per event applying to the engines, commits)."""
+    with _committed_workload(redis_url, conversations) as workload:
+        return workload.commit_s_per_event, workload.apply_s_per_event, workload.commits
+
+
+def _refresh_cost(workload: CommittedWorkload, redis_url: str, rounds: int = 5) -> RefreshCost:
+    """What every instance's publisher costs per ``refresh_interval_s``, on that window."""
+    settings = DaemonSettings(store=redis_url, namespace=workload.namespace)
+    publisher = Publisher(settings, workload.store, lambda: (True, "ok"))
     client = redis.Redis.from_url(redis_url)
-    keys = list(client.scan_iter(match=f"{namespace}:*", count=1000))
-    if keys:
-        client.delete(*keys)
-    store.close()
-    return commit_s / len(events), apply_s / len(events), commits
+    best: RefreshCost | None = None
+    for _ in range(rounds):
+        commands_before, cpu_before = _redis_work(client)
+        started = time.perf_counter()
+        publisher.refresh_once()
+        elapsed = time.perf_counter() - started
+        commands_after, cpu_after = _redis_work(client)
+        forecast = publisher.forecast_document() or {}
+        cost = RefreshCost(
+            window_conversations=int(forecast.get("window_conversations") or 0),
+            seconds=elapsed,
+            redis_commands=commands_after - commands_before - 2,  # the first reading's INFOs
+            redis_cpu_s=cpu_after - cpu_before,
+        )
+        if best is None or cost.seconds < best.seconds:
+            best = cost
+    assert best is not None
+    return best
 
 
 def _open_conversation_bytes(conversations: int = 100_000) -> float:
@@ -327,7 +390,8 @@ def run_daemon_bench(
         sweep.append(_daemon_throughput(bootstrap, redis_url, other_topic, other_count, partitions))
     one, many = _workers_throughput(bootstrap, redis_url, topic, count, workers)
     recovered, caught_up = _recovery(bootstrap, redis_url, topic, count)
-    flush, apply, commits = _flush_cost(redis_url)
+    with _committed_workload(redis_url) as workload:
+        refresh = _refresh_cost(workload, redis_url)
     return DaemonBenchResult(
         events=count,
         consume_per_s=consume,
@@ -335,9 +399,10 @@ def run_daemon_bench(
         recovery_s=recovered,
         catch_up_s=caught_up,
         open_conversation_bytes=_open_conversation_bytes(),
-        flush_s_per_event=flush,
-        apply_s_per_event=apply,
-        flush_commits=commits,
+        flush_s_per_event=workload.commit_s_per_event,
+        apply_s_per_event=workload.apply_s_per_event,
+        flush_commits=workload.commits,
+        refresh=refresh,
         partition_sweep=sweep,
         workers=workers,
         instance_one_per_s=one,

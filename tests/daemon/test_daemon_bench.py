@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import redis
 
-from kvcast.daemon.bench.daemon_bench import _daemon_throughput, _produce, _redis_work
+from kvcast.daemon.bench.daemon_bench import (
+    PARTITIONS,
+    _committed_workload,
+    _daemon_throughput,
+    _produce,
+    _redis_work,
+    _refresh_cost,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -33,3 +40,15 @@ def test_the_daemon_run_reports_its_rate_and_the_redis_load_it_caused(
     # commands per event stay a few at most; a command per event and field would exceed it.
     assert 0 < run.redis_commands_per_s < 5 * run.events_per_s
     assert 0 <= run.redis_cpu_per_s < 2.0  # CPU seconds per second of a one-threaded server
+
+
+def test_a_publisher_refresh_reads_the_committed_window_and_reports_its_cost(
+    redis_url: str,
+) -> None:
+    # 10,000 conversations at 5/s span more than the 1,800 s completion timeout, so the
+    # committed window holds completed conversations for the refresh to read.
+    with _committed_workload(redis_url, conversations=10_000) as workload:
+        assert workload.commits >= PARTITIONS and workload.commit_s_per_event > 0
+        refresh = _refresh_cost(workload, redis_url, rounds=2)
+    assert refresh.window_conversations > 0
+    assert refresh.redis_commands > 0 and refresh.seconds > 0 and refresh.redis_cpu_s >= 0
