@@ -57,6 +57,7 @@ class RefreshCost:
     """One publisher refresh over the shared window: read it, snapshot, forecast, table."""
 
     window_conversations: int
+    interval_s: float  # the refresh interval it runs at (the default)
     seconds: float  # wall time of Publisher.refresh_once, best of the rounds
     redis_commands: int  # commands Redis ran for that refresh
     redis_cpu_s: float  # Redis CPU seconds that refresh took
@@ -104,8 +105,8 @@ class DaemonBenchResult:
             (f"publisher refresh (window of {self.refresh.window_conversations:,} conversations)",
              f"{self.refresh.seconds * 1e3:.0f} ms; Redis {self.refresh.redis_commands:,}"
              f" commands, {self.refresh.redis_cpu_s * 1e3:.1f} ms of its CPU",
-             f"{DaemonSettings().refresh_interval_s:g} s (default refresh interval)",
-             f"{self.refresh.seconds / DaemonSettings().refresh_interval_s:.3f} of it"),
+             f"{self.refresh.interval_s:g} s (default refresh interval)",
+             f"{self.refresh.seconds / self.refresh.interval_s:.3f} of it"),
             ("Redis flush cost per event (4 partitions, 10,000-event commits)",
              f"{self.flush_s_per_event * 1e6:.1f} µs/event ({self.flush_commits} commits)",
              f"{self.apply_s_per_event * 1e6:.1f} µs/event (applying them: PartitionEngine)",
@@ -165,6 +166,13 @@ def _redis_work(client: redis.Redis) -> tuple[int, float]:
     return stats["total_commands_processed"], cpu["used_cpu_user"] + cpu["used_cpu_sys"]
 
 
+def _redis_work_since(client: redis.Redis, before: tuple[int, float]) -> tuple[int, float]:
+    """(commands, CPU seconds) Redis has spent since the reading ``before``, leaving out the
+    two INFO calls of that reading."""
+    commands, cpu_s = _redis_work(client)
+    return commands - before[0] - 2, cpu_s - before[1]
+
+
 def _daemon_throughput(
     bootstrap: str, redis_url: str, topic: str, count: int, partitions: int = PARTITIONS
 ) -> DaemonRun:
@@ -182,22 +190,21 @@ def _daemon_throughput(
     while daemon.events_seen == 0:
         time.sleep(0.01)
     started = time.perf_counter()
-    commands_before, cpu_before = _redis_work(client)
+    before = _redis_work(client)
     polls = 1
     while _committed(client, namespace, topic, partitions) < count:
         polls += 1
         time.sleep(0.02)
     elapsed = time.perf_counter() - started
-    commands_after, cpu_after = _redis_work(client)
+    commands, cpu_s = _redis_work_since(client, before)
     daemon.request_stop()
     thread.join()
-    # Each poll is one HGET per partition; the two INFO calls of the first reading count too.
-    commands = commands_after - commands_before - polls * partitions - 2
     return DaemonRun(
         partitions=partitions,
         events_per_s=count / elapsed,
-        redis_commands_per_s=commands / elapsed,
-        redis_cpu_per_s=(cpu_after - cpu_before) / elapsed,
+        # Each of the bench's polls is one HGET per partition.
+        redis_commands_per_s=(commands - polls * partitions) / elapsed,
+        redis_cpu_per_s=cpu_s / elapsed,
     )
 
 
@@ -336,17 +343,18 @@ def _refresh_cost(workload: CommittedWorkload, redis_url: str, rounds: int = 5) 
     client = redis.Redis.from_url(redis_url)
     best: RefreshCost | None = None
     for _ in range(rounds):
-        commands_before, cpu_before = _redis_work(client)
+        before = _redis_work(client)
         started = time.perf_counter()
         publisher.refresh_once()
         elapsed = time.perf_counter() - started
-        commands_after, cpu_after = _redis_work(client)
+        commands, cpu_s = _redis_work_since(client, before)
         forecast = publisher.forecast_document() or {}
         cost = RefreshCost(
             window_conversations=int(forecast.get("window_conversations") or 0),
+            interval_s=settings.refresh_interval_s,
             seconds=elapsed,
-            redis_commands=commands_after - commands_before - 2,  # the first reading's INFOs
-            redis_cpu_s=cpu_after - cpu_before,
+            redis_commands=commands,
+            redis_cpu_s=cpu_s,
         )
         if best is None or cost.seconds < best.seconds:
             best = cost

@@ -11,6 +11,7 @@ from kvcast.daemon.bench.daemon_bench import (
     _daemon_throughput,
     _produce,
     _redis_work,
+    _redis_work_since,
     _refresh_cost,
 )
 
@@ -26,6 +27,15 @@ def test_redis_work_counts_every_command_including_its_own_reading(redis_url: st
     # The daemon bench subtracts the two INFO calls of a reading, as here.
     assert commands_after - commands_before == 100 + 2
     assert cpu_after >= cpu_before
+
+
+def test_redis_work_since_leaves_out_its_own_reading(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    before = _redis_work(client)
+    for _ in range(100):
+        client.ping()
+    commands, cpu_s = _redis_work_since(client, before)
+    assert commands == 100 and cpu_s >= 0
 
 
 @pytest.mark.parametrize("partitions", [1, 4])
