@@ -1,7 +1,8 @@
 """The event pipeline: raw messages -> validated events -> intent -> statistics engine.
 
-One pipeline serves every source (a replay file now; Kafka later), so a file replayed at any
-speed gives exactly the numbers the live daemon would.
+One pipeline serves every source (a replay file, Kafka), so a file replayed at any speed gives
+exactly the numbers the live daemon would. A finite log may instead go through the native
+engine (:func:`replay_lines`), which applies the same rules in C and is tested equal to this.
 """
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.engine import StatsEngine
 from kvcast.stats.events import Event, EventRejected, parse_event
+from kvcast.stats.native_replay import NativeReplay, ReplayUnsupported, native_available
 from kvcast.stats.snapshot import Snapshot
 from kvcast.stats.taxonomy import UNKNOWN
 
@@ -120,10 +123,85 @@ def offline_statistics(
     return merged.snapshot(newest), rejected
 
 
-def read_lines(path: Path) -> Iterable[bytes]:
-    """Non-blank lines of a JSONL file, without their line ends."""
+# Bytes of a file read at once by read_line_batches (a batch is about this size).
+READ_BATCH_BYTES = 4 << 20
+
+
+def read_line_batches(path: Path) -> Iterable[list[bytes]]:
+    """Non-blank lines of a JSONL file, stripped, in lists of about 4 MiB of text."""
     with path.open("rb") as handle:
-        for line in handle:
-            line = line.strip()
-            if line:
-                yield line
+        while batch := handle.readlines(READ_BATCH_BYTES):
+            yield [line for line in map(bytes.strip, batch) if line]
+
+
+ReplayEngineName = Literal["auto", "native", "python"]
+
+
+@dataclass(frozen=True)
+class ReplayProgress:
+    """Where a replay stands: lines offered, events rejected and duplicates so far."""
+
+    engine: Literal["native", "python"]
+    offered: int
+    rejected: int
+    duplicates: int
+
+
+def replay_lines(
+    open_batches: Callable[[], Iterable[Sequence[bytes]]],
+    config: StatsConfig,
+    *,
+    engine: ReplayEngineName = "auto",
+    on_batch: Callable[[ReplayProgress], None] | None = None,
+) -> StatsEngine:
+    """Every line through the statistics, then the end of input (all conversations complete).
+
+    ``open_batches()`` yields the lines in batches; it is called again, from the start, when
+    the native engine meets a value it cannot represent and the Python engine takes over.
+    ``engine``: ``native`` (the C engine, same numbers, several times faster; an error when not
+    built), ``python`` (the daemon's engine, per event) or ``auto`` (native when built).
+    ``on_batch`` hears the progress after each batch.
+    """
+    if engine == "native" and not native_available():
+        raise RuntimeError(
+            "the native replay engine is not built (install with a C compiler at hand)"
+        )
+    if engine != "python" and native_available():
+        try:
+            return _replay_native(open_batches, config, on_batch)
+        except ReplayUnsupported:
+            pass  # e.g. a timestamp of 2**52 s or more: the Python engine handles any float
+    return _replay_python(open_batches, config, on_batch)
+
+
+def _replay_native(
+    open_batches: Callable[[], Iterable[Sequence[bytes]]],
+    config: StatsConfig,
+    on_batch: Callable[[ReplayProgress], None] | None,
+) -> StatsEngine:
+    replay = NativeReplay(config, max_labels=MAX_INTENT_LABELS)
+    offered = 0
+    for batch in open_batches():
+        offered += replay.offer_lines(batch)
+        if on_batch is not None:
+            on_batch(ReplayProgress("native", offered, replay.rejected_total, replay.duplicates))
+    replay.finish()
+    return replay.to_engine()
+
+
+def _replay_python(
+    open_batches: Callable[[], Iterable[Sequence[bytes]]],
+    config: StatsConfig,
+    on_batch: Callable[[ReplayProgress], None] | None,
+) -> StatsEngine:
+    pipeline = Pipeline(config)
+    counters = pipeline.engine.counters
+    offered = 0
+    for batch in open_batches():
+        pipeline.offer_all(batch)
+        offered += len(batch)
+        if on_batch is not None:
+            rejected = sum(counters.rejected.values())
+            on_batch(ReplayProgress("python", offered, rejected, counters.duplicates))
+    pipeline.engine.finish()
+    return pipeline.engine

@@ -15,7 +15,7 @@ from kvcast.stats.config import StatsConfig
 from kvcast.stats.conversations import ConversationTracker, Outcome
 from kvcast.stats.events import Event
 from kvcast.stats.snapshot import Snapshot, take_snapshot
-from kvcast.stats.window import StatsWindow
+from kvcast.stats.window import Bucket, StatsWindow
 
 # Window expiry runs after this many completions (its cost is per bucket, not per event).
 EXPIRE_EVERY_COMPLETIONS = 1024
@@ -48,6 +48,28 @@ class StatsEngine:
         self.arrivals = ArrivalStats(config.rate_window_s)
         self.counters = EventCounters()
         self._completions_since_expiry = 0
+
+    @classmethod
+    def finished(
+        cls,
+        config: StatsConfig,
+        *,
+        buckets: dict[int, Bucket],
+        arrivals: ArrivalStats,
+        counters: EventCounters,
+        newest_ts: float,
+    ) -> StatsEngine:
+        """An engine whose input has ended: no open conversations, the given statistics.
+
+        How another implementation of the same rules (the native replay engine) hands its
+        result to the readers of this one (snapshot, counters).
+        """
+        engine = cls(config)
+        engine.tracker = ConversationTracker.restore(config, newest_ts, [], {}, track_changes=False)
+        engine.window.buckets = buckets
+        engine.arrivals = arrivals
+        engine.counters = counters
+        return engine
 
     def apply(self, event: Event, intent: str) -> Outcome:
         """Apply one validated event labelled with ``intent``."""

@@ -115,7 +115,10 @@ class Event(
         return out
 
 
-_decode = msgspec.json.Decoder(Event).decode
+# msgspec's decoder into Event: parse_event's first step. The native replay engine
+# (stats/_replay.c, parse_line) calls it without parse_event and repeats parse_event's checks
+# on its result: keep the two in step.
+decode_strict = msgspec.json.Decoder(Event).decode
 
 
 def parse_event(raw: bytes | bytearray | memoryview | str | dict[str, Any]) -> Event:
@@ -125,7 +128,7 @@ def parse_event(raw: bytes | bytearray | memoryview | str | dict[str, Any]) -> E
             return _parse_reference(raw)
         raw = _within_size(raw)
     try:
-        event = _decode(raw)
+        event = decode_strict(raw)
     except Exception:  # any refusal (or msgspec failure): the reference decides and explains
         return _parse_reference(raw)
     cached = event.cached_tokens

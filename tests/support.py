@@ -1,5 +1,5 @@
 """Helpers shared by tests: a valid event, comparable forms of results, producing events, a
-daemon's readiness."""
+daemon's readiness, the native replay engine's presence."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ import urllib.request
 from typing import TYPE_CHECKING, Protocol
 
 import orjson
+import pytest
 
+from kvcast.stats.native_replay import native_available
 from kvcast.stats.snapshot import Snapshot
+from tests import services
 
 if TYPE_CHECKING:
     from kvcast.daemon.bench.soak import Records
@@ -74,3 +77,12 @@ def readiness(daemon: Served) -> tuple[int, dict]:
             return response.status, orjson.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, orjson.loads(error.read())
+
+
+def require_native() -> None:
+    """Fail (in CI) or skip (elsewhere) unless the native replay engine was built."""
+    if not native_available():
+        message = "kvcast.stats._replay is not built (make setup builds it; needs a C compiler)"
+        if services.in_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 import orjson
 
-from kvcast.daemon.commands.replay import replay_pipeline
+from kvcast.daemon.commands.replay import replay_engine
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.delays import DelayDistribution, parse_delay_spec
 from kvcast.stats.forecast import Forecast, forecast_from_moments, forecast_from_sample
@@ -259,9 +259,9 @@ def forecast(
     if from_replay is not None:
         if capacity_blocks is None:
             raise click.UsageError("missing --capacity-blocks", ctx)
-        pipeline = replay_pipeline(from_replay, StatsConfig(block_size=block_size))
+        finished = replay_engine(from_replay, StatsConfig(block_size=block_size))
         result = forecast_from_sample(
-            pipeline.engine.snapshot().sample,
+            finished.snapshot().sample,
             capacity_blocks=capacity_blocks,
             block_size=block_size,
             instances=instances,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from pathlib import Path
@@ -12,34 +13,47 @@ import orjson
 
 from kvcast.daemon.gc_tuning import tune_for_streaming
 from kvcast.daemon.options import capacity_options, pop_stats_config, stats_options
-from kvcast.daemon.pipeline import Pipeline, read_lines
+from kvcast.daemon.pipeline import (
+    ReplayEngineName,
+    ReplayProgress,
+    read_line_batches,
+    replay_lines,
+)
 from kvcast.daemon.report import format_replay_report
 from kvcast.stats.config import StatsConfig
+from kvcast.stats.engine import StatsEngine
 from kvcast.stats.forecast import forecast_from_sample
+from kvcast.stats.native_replay import native_available
 from kvcast.stats.table import table_document
 
 PROGRESS_INTERVAL_S = 0.5
 
 
-def replay_pipeline(path: Path, config: StatsConfig, progress: TextIO | None = None) -> Pipeline:
-    """Run every line of ``path`` through a fresh pipeline and finish it (all conversations
+def replay_engine(
+    path: Path,
+    config: StatsConfig,
+    progress: TextIO | None = None,
+    engine: ReplayEngineName = "auto",
+) -> StatsEngine:
+    """Run every line of ``path`` through the statistics and finish them (all conversations
     complete). Progress lines go to ``progress`` when given."""
-    pipeline = Pipeline(config)
-    started = last_report = time.monotonic()
-    offered = 0
-    for line in read_lines(path):
-        pipeline.offer(line)
-        offered += 1
-        if progress is not None and offered % 4096 == 0:
-            now = time.monotonic()
-            if now - last_report >= PROGRESS_INTERVAL_S:
-                last_report = now
-                _progress_line(progress, pipeline, offered, now - started)
-    pipeline.engine.finish()
+    started = time.monotonic()
+    last_report = -math.inf
+    last: ReplayProgress | None = None
+
+    def report(now: ReplayProgress) -> None:
+        nonlocal last_report, last
+        last = now
+        if progress is not None and time.monotonic() - last_report >= PROGRESS_INTERVAL_S:
+            last_report = time.monotonic()
+            _progress_line(progress, now, last_report - started)
+
+    finished = replay_lines(lambda: read_line_batches(path), config, engine=engine, on_batch=report)
     if progress is not None:
-        _progress_line(progress, pipeline, offered, time.monotonic() - started)
+        if last is not None:
+            _progress_line(progress, last, time.monotonic() - started)
         progress.write("\n")
-    return pipeline
+    return finished
 
 
 def replay_file(
@@ -50,10 +64,11 @@ def replay_file(
     instances: int = 1,
     kv_bytes_per_token: int | None = None,
     progress: TextIO | None = None,
+    engine: ReplayEngineName = "auto",
 ) -> dict[str, Any]:
     """Replay a JSONL file; return ``{"forecast", "table", "events"}`` (SPEC section 6)."""
-    pipeline = replay_pipeline(path, config, progress)
-    snapshot = pipeline.engine.snapshot()
+    finished = replay_engine(path, config, progress, engine)
+    snapshot = finished.snapshot()
     forecast = forecast_from_sample(
         snapshot.sample,
         capacity_blocks=capacity_blocks,
@@ -61,8 +76,8 @@ def replay_file(
         instances=instances,
         kv_bytes_per_token=kv_bytes_per_token,
     )
-    events = pipeline.engine.counters.to_dict()
-    events["open_conversations"] = pipeline.engine.tracker.open_conversations
+    events = finished.counters.to_dict()
+    events["open_conversations"] = finished.tracker.open_conversations
     return {
         "forecast": forecast.to_dict(),
         "table": table_document(snapshot, config, version=1),
@@ -70,12 +85,11 @@ def replay_file(
     }
 
 
-def _progress_line(stream: TextIO, pipeline: Pipeline, offered: int, elapsed_s: float) -> None:
-    counters = pipeline.engine.counters
-    rate = offered / elapsed_s if elapsed_s > 0 else 0.0
+def _progress_line(stream: TextIO, now: ReplayProgress, elapsed_s: float) -> None:
+    rate = now.offered / elapsed_s if elapsed_s > 0 else 0.0
     stream.write(
-        f"\r{offered:,} events  {rate:,.0f} events/s  "
-        f"rejected {sum(counters.rejected.values()):,}  duplicates {counters.duplicates:,}"
+        f"\r{now.offered:,} events  {rate:,.0f} events/s  "
+        f"rejected {now.rejected:,}  duplicates {now.duplicates:,}  ({now.engine} engine)"
     )
     stream.flush()
 
@@ -87,7 +101,15 @@ def _progress_line(stream: TextIO, pipeline: Pipeline, offered: int, elapsed_s: 
 @click.option(
     "--json", "as_json", is_flag=True, help="Print one JSON object (forecast, table, events)."
 )
-def replay(file: Path, as_json: bool, **kwargs: Any) -> None:
+@click.option(
+    "--engine",
+    type=click.Choice(["auto", "native", "python"]),
+    default="auto",
+    show_default=True,
+    help="Statistics engine: native (in C, the same numbers, several times faster), python "
+    "(the daemon's own, per event), auto (native when it was built).",
+)
+def replay(file: Path, as_json: bool, engine: ReplayEngineName, **kwargs: Any) -> None:
     """Run FILE (one event per line) through the pipeline; print forecast, table and counters.
 
     On a terminal, progress goes to standard error; standard output holds only the result.
@@ -95,6 +117,11 @@ def replay(file: Path, as_json: bool, **kwargs: Any) -> None:
     config = pop_stats_config(kwargs)
     tune_for_streaming()
     show_progress = not as_json and sys.stderr.isatty()
+    if engine == "native" and not native_available():
+        raise click.UsageError(
+            "--engine native: the native replay engine is not built (reinstall kvcast with a C "
+            "compiler at hand, or use --engine python)"
+        )
     result = replay_file(
         file,
         config,
@@ -102,6 +129,7 @@ def replay(file: Path, as_json: bool, **kwargs: Any) -> None:
         instances=kwargs["instances"],
         kv_bytes_per_token=kwargs["kv_bytes_per_token"],
         progress=sys.stderr if show_progress else None,
+        engine=engine,
     )
     if as_json:
         sys.stdout.buffer.write(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n")

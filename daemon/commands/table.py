@@ -59,11 +59,11 @@ def format_table(doc: Mapping[str, Any], source: str) -> str:
 def _load(redis_url: str | None, namespace: str, http: str | None, replay: Path | None,
           config: Any) -> tuple[dict[str, Any] | None, str]:  # fmt: skip
     if replay is not None:
-        from kvcast.daemon.commands.replay import replay_pipeline
+        from kvcast.daemon.commands.replay import replay_engine
         from kvcast.stats.table import table_document
 
-        pipeline = replay_pipeline(replay, config)
-        return table_document(pipeline.engine.snapshot(), config, version=1), str(replay)
+        finished = replay_engine(replay, config)
+        return table_document(finished.snapshot(), config, version=1), str(replay)
     if redis_url is not None:
         source: Any = RedisTableSource(redis_url, namespace, timeout_s=5.0)
         where = f"redis key {redis_table_key(namespace)}"

@@ -14,12 +14,17 @@ COPY deploy/docker/requirements.txt /tmp/requirements.txt
 RUN pip install --no-deps --index-url https://download.pytorch.org/whl/cpu \
         "$(grep '^torch==' /tmp/requirements.txt)" \
  && pip install -r /tmp/requirements.txt
-COPY pyproject.toml README.md /src/
+# A C compiler for the replay engine (stats/_replay.c); only the built module reaches the image.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
+COPY pyproject.toml setup.py README.md /src/
 COPY stats /src/stats
 COPY daemon /src/daemon
 COPY classifier /src/classifier
 COPY exporters /src/exporters
-RUN pip install --no-deps "/src[classifier]" && pip check
+# The replay engine is optional in a plain install; the image must have it.
+RUN pip install --no-deps "/src[classifier]" && pip check \
+ && python -c "import kvcast.stats._replay"
 
 FROM ${PYTHON_IMAGE}
 RUN groupadd --system --gid 10001 kvcast \

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import orjson
@@ -10,6 +11,7 @@ from click.testing import CliRunner
 
 from kvcast.daemon.cli import cli
 from kvcast.stats.generator import generate, preset
+from tests.support import require_native
 
 FORECAST_KEYS = {
     "hit_ratio",
@@ -135,3 +137,24 @@ def test_progress_goes_to_the_given_stream_only(log_file: Path) -> None:
     lines = progress.getvalue()
     assert "events/s" in lines and "rejected 2" in lines and "duplicates 1" in lines
     assert result["events"]["rejected"] == 2
+
+
+def test_the_native_and_python_engines_print_the_same_result(log_file: Path) -> None:
+    require_native()
+    outputs = {}
+    for engine in ("native", "python"):
+        result = CliRunner().invoke(cli, ["replay", str(log_file), "--json", "--engine", engine])
+        assert result.exit_code == 0, result.output
+        outputs[engine] = orjson.loads(result.stdout)
+    assert outputs["native"] == outputs["python"]
+    assert outputs["native"]["events"]["rejected"] == 2
+
+
+def test_asking_for_the_native_engine_where_it_is_not_built_is_a_usage_error(
+    log_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    command = importlib.import_module("kvcast.daemon.commands.replay")
+    monkeypatch.setattr(command, "native_available", lambda: False)
+    result = CliRunner().invoke(cli, ["replay", str(log_file), "--engine", "native"])
+    assert result.exit_code == 2
+    assert "not built" in result.output and "--engine python" in result.output

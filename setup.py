@@ -1,0 +1,18 @@
+"""The replay engine's C extension (stats/_replay.c); everything else is in pyproject.toml.
+
+Optional: where no C compiler is at hand the install still succeeds, and `kvcast replay` uses
+the Python engine, which gives the same numbers (stats/native_replay.py).
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "kvcast.stats._replay",
+            sources=["stats/_replay.c"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        )
+    ]
+)
