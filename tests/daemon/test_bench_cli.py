@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from kvcast.daemon.bench.machine import cpu_model
 from kvcast.daemon.cli import cli
 from kvcast.daemon.commands.bench import DEFAULT_SUITES
+from kvcast.stats.native_replay import native_available
 
 
 def _bench(*args: str) -> tuple[int, str]:
@@ -27,11 +28,15 @@ def test_json_gives_every_throughput_figure_with_its_decode_baseline() -> None:
     assert set(figures) == {"machine", "throughput"}
     throughput = figures["throughput"]
     assert throughput["events"] > 200  # several turns per conversation
-    for rate in ("decode_per_s", "parse_per_s", "pipeline_per_s", "simulate_per_s"):
+    rates = ("decode_per_s", "parse_per_s", "pipeline_per_s", "python_pipeline_per_s")
+    for rate in (*rates, "simulate_per_s"):
         assert throughput[rate] > 0, rate
-    assert throughput["pipeline_vs_decode"] == pytest.approx(
-        throughput["pipeline_per_s"] / throughput["decode_per_s"]
-    )
+    for name in ("pipeline", "python_pipeline"):
+        assert throughput[f"{name}_vs_decode"] == pytest.approx(
+            throughput[f"{name}_per_s"] / throughput["decode_per_s"]
+        )
+    expected_engine = "native" if native_available() else "python"
+    assert throughput["replay_engine"] == expected_engine
 
 
 def test_json_gives_the_solver_against_brentq_and_their_agreement() -> None:
@@ -50,9 +55,11 @@ def test_markdown_table_has_a_baseline_and_a_ratio_in_every_row() -> None:
     table = [line for line in output.splitlines() if line.startswith("|")]
     assert table[0] == "| benchmark | figure | baseline (same run) | ratio |"
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table[2:]]
+    engine = "native" if native_available() else "python"
     assert [row[0] for row in rows] == [
         "parse_event (contract)",
-        "replay pipeline (parse + track + window)",
+        f"replay pipeline (parse + track + window, {engine} engine)",
+        "daemon pipeline (the same, Python engine, per event)",
         "Algorithm 1 simulator (from arrays)",
     ]
     for row in rows:
