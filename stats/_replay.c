@@ -31,6 +31,9 @@
  *   - Request ids are copied into the byte buffer of their second in the id-expiry buckets;
  *     the set of remembered ids indexes those records (each id has exactly one record).
  *   - Labels (which the results carry) are held as the first str object seen for each.
+ *   - Every index is one hash table type, HTable (open addressing): int64 keys are its keys;
+ *     for a str key it holds the hash, and the value leads to where the str is kept
+ *     (label_objs, a session slot, a request id record), where lookups compare it.
  * The module keeps no global mutable state: everything lives in the ReplayCore object (the
  * exception class is in the module state).
  */
@@ -251,6 +254,13 @@ typedef struct {
     Py_hash_t hash;
 } KeyView;
 
+/* Whether the code units (data, nbytes, kind) are those of k. */
+static inline __attribute__((always_inline)) int
+key_is(const KeyView *k, const void *data, size_t nbytes, unsigned int kind)
+{
+    return nbytes == k->nbytes && kind == k->kind && bytes_eq(data, k->data, nbytes);
+}
+
 static inline __attribute__((always_inline)) void
 key_view(PyObject *s, KeyView *k, uint64_t seed)
 {
@@ -260,187 +270,148 @@ key_view(PyObject *s, KeyView *k, uint64_t seed)
     k->hash = bytes_hash(k->data, k->nbytes, k->kind, seed);
 }
 
-/* Labels: str -> id, holding a strong reference per key (open addressing, no deletion;
-   hashed with str_key_hash). */
-typedef struct {
-    PyObject *key; /* NULL: empty */
-    Py_hash_t hash;
-    int64_t val;
-} StrEntry;
-
-typedef struct {
-    StrEntry *e;
-    size_t mask;
-    Py_ssize_t used;
-} StrTable;
-
-/* Position of key, -1 when absent, -2 when the probe sequence is too long. */
-static inline Py_ssize_t
-st_find(const StrTable *t, PyObject *key, Py_hash_t h)
-{
-    if (t->e == NULL) {
-        return -1;
-    }
-    size_t m = t->mask, i = (size_t)h & m;
-    for (int probes = 0;; probes++) {
-        const StrEntry *x = &t->e[i];
-        if (x->key == NULL) {
-            return -1;
-        }
-        if (x->hash == h && (x->key == key || str_eq(x->key, key))) {
-            return (Py_ssize_t)i;
-        }
-        if (probes > PROBE_LIMIT) {
-            return -2;
-        }
-        i = (i + 1) & m;
-    }
-}
-
-static int
-st_insert(StrTable *t, PyObject *key, Py_hash_t h, int64_t val)
-{
-    size_t cap = t->e ? t->mask + 1 : 0;
-    if ((size_t)(t->used + 1) * 2 > cap) {
-        size_t ncap = cap ? cap * 2 : 16;
-        if (cap > SIZE_MAX / 4) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        StrEntry *ne = calloc(ncap, sizeof(StrEntry));
-        if (ne == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        size_t nm = ncap - 1;
-        for (size_t i = 0; i < cap; i++) {
-            StrEntry *x = &t->e[i];
-            if (x->key != NULL) {
-                size_t j = (size_t)x->hash & nm;
-                while (ne[j].key != NULL) {
-                    j = (j + 1) & nm;
-                }
-                ne[j] = *x;
-            }
-        }
-        free(t->e);
-        t->e = ne;
-        t->mask = nm;
-    }
-    size_t m = t->mask, i = (size_t)h & m;
-    while (t->e[i].key != NULL) {
-        i = (i + 1) & m;
-    }
-    Py_INCREF(key);
-    t->e[i].key = key;
-    t->e[i].hash = h;
-    t->e[i].val = val;
-    t->used++;
-    return 0;
-}
-
-static void
-st_free(StrTable *t)
-{
-    if (t->e != NULL) {
-        for (size_t i = 0; i <= t->mask; i++) {
-            Py_CLEAR(t->e[i].key);
-        }
-    }
-    free(t->e);
-    t->e = NULL;
-    t->mask = 0;
-    t->used = 0;
-}
-
 /* ------------------------------------------------------------------------------------------ */
-/* Hash index: key hash -> non-negative value; the caller compares the keys.                    */
-/* Linear probing, backward-shift deletion.                                                     */
+/* Hash tables: well-mixed 64-bit key -> non-negative int64 value                               */
+/* Open addressing, linear probing, load factor at most 1/2, backward-shift deletion.           */
 
+/* One implementation serves every index of the engine, in two ways:
+     - str keys (labels, session ids, request ids) are kept elsewhere: the table's key is
+       their bytes_hash and the value says where the str is, so lookups compare the strings
+       through a match function (ht_find, limited to PROBE_LIMIT probes), entries are added
+       with ht_insert_reserved and removed by their value (ht_find_val + ht_delete_at);
+     - int64 keys (seconds, bucket indices, intent ids, state keys) are the keys, stored
+       multiplied by an odd constant (Fibonacci hashing; a bijection, so equal keys stay
+       equal): i64_get, i64_insert_reserved, i64_remove.
+   Either way a key's probe sequence starts at its top bits. */
 typedef struct {
-    Py_hash_t hash;
+    uint64_t key;
     int64_t val; /* < 0: empty */
 } HEntry;
 
 typedef struct {
     HEntry *e;
     size_t mask;
+    int shift; /* 64 - log2(capacity) */
     Py_ssize_t used;
 } HTable;
 
-static int
-ht_resize(HTable *t, size_t ncap)
+/* Whether the entry valued `val` stands for `what` (base: the array the values index). */
+typedef int (*HtMatch)(const void *base, const void *what, int64_t val);
+
+static inline size_t
+ht_slot(const HTable *t, uint64_t key)
 {
+    return (size_t)(key >> t->shift);
+}
+
+/* The entry at the start of key's probe sequence, for prefetching (NULL: no entries yet). */
+static inline const HEntry *
+ht_home(const HTable *t, uint64_t key)
+{
+    return t->e != NULL ? &t->e[ht_slot(t, key)] : NULL;
+}
+
+/* Position of the first entry holding `key` that `match` accepts (match NULL: any), -1 when
+   none; when `limited`, -2 once the probe sequence is longer than PROBE_LIMIT. */
+static inline __attribute__((always_inline)) Py_ssize_t
+ht_probe(const HTable *t, uint64_t key, HtMatch match, const void *base, const void *what,
+         int limited)
+{
+    if (t->e == NULL) {
+        return -1;
+    }
+    size_t m = t->mask, i = ht_slot(t, key);
+    for (size_t probes = 0;; probes++) {
+        const HEntry *x = &t->e[i];
+        if (x->val < 0) {
+            return -1;
+        }
+        if (x->key == key && (match == NULL || match(base, what, x->val))) {
+            return (Py_ssize_t)i;
+        }
+        if (limited && probes > PROBE_LIMIT) {
+            return -2;
+        }
+        i = (i + 1) & m;
+    }
+}
+
+/* Position of the entry for str `what` (hash h), -1 when absent, -2 when the probe sequence
+   is too long. */
+static inline __attribute__((always_inline)) Py_ssize_t
+ht_find(const HTable *t, uint64_t h, HtMatch match, const void *base, const void *what)
+{
+    return ht_probe(t, h, match, base, what, 1);
+}
+
+static inline int
+val_is(const void *Py_UNUSED(base), const void *what, int64_t val)
+{
+    return *(const int64_t *)what == val;
+}
+
+/* Position of the entry (h, val), or -1. */
+static inline Py_ssize_t
+ht_find_val(const HTable *t, uint64_t h, int64_t val)
+{
+    return ht_probe(t, h, val_is, NULL, &val, 0);
+}
+
+static int
+ht_resize(HTable *t, int bits)
+{
+    size_t ncap = (size_t)1 << bits;
     HEntry *ne = malloc(ncap * sizeof(HEntry));
     if (ne == NULL) {
         PyErr_NoMemory();
         return -1;
     }
     memset(ne, 0xff, ncap * sizeof(HEntry)); /* val == -1 everywhere */
-    size_t nm = ncap - 1;
+    HTable nt = {ne, ncap - 1, 64 - bits, t->used};
     if (t->e != NULL) {
         for (size_t i = 0; i <= t->mask; i++) {
             HEntry *x = &t->e[i];
             if (x->val >= 0) {
-                size_t j = (size_t)x->hash & nm;
+                size_t j = ht_slot(&nt, x->key);
                 while (ne[j].val >= 0) {
-                    j = (j + 1) & nm;
+                    j = (j + 1) & nt.mask;
                 }
                 ne[j] = *x;
             }
         }
         free(t->e);
     }
-    t->e = ne;
-    t->mask = nm;
+    *t = nt;
     return 0;
 }
 
-/* Room for one more entry (load factor at most 1/2). */
+/* Room for one more entry. */
 static inline int
 ht_reserve1(HTable *t)
 {
     size_t cap = t->e ? t->mask + 1 : 0;
     if (__builtin_expect((size_t)(t->used + 1) * 2 > cap, 0)) {
-        if (cap > SIZE_MAX / (4 * sizeof(HEntry))) {
+        int bits = cap ? 64 - t->shift + 1 : 4;
+        if (bits > 40) {
             PyErr_NoMemory();
             return -1;
         }
-        return ht_resize(t, cap ? cap * 2 : 16);
+        return ht_resize(t, bits);
     }
     return 0;
 }
 
+/* Add an entry (for an absent str or key); ht_reserve1 must have succeeded. */
 static void
-ht_insert_reserved(HTable *t, Py_hash_t h, int64_t val)
+ht_insert_reserved(HTable *t, uint64_t key, int64_t val)
 {
-    size_t m = t->mask, i = (size_t)h & m;
+    size_t m = t->mask, i = ht_slot(t, key);
     while (t->e[i].val >= 0) {
         i = (i + 1) & m;
     }
-    t->e[i].hash = h;
+    t->e[i].key = key;
     t->e[i].val = val;
     t->used++;
-}
-
-/* Position of the entry (h, val), or -1. */
-static inline Py_ssize_t
-ht_find_val(const HTable *t, Py_hash_t h, int64_t val)
-{
-    if (t->e == NULL) {
-        return -1;
-    }
-    size_t m = t->mask, i = (size_t)h & m;
-    for (;;) {
-        const HEntry *x = &t->e[i];
-        if (x->val < 0) {
-            return -1;
-        }
-        if (x->val == val) {
-            return (Py_ssize_t)i;
-        }
-        i = (i + 1) & m;
-    }
 }
 
 static void
@@ -452,7 +423,7 @@ ht_delete_at(HTable *t, Py_ssize_t pos)
         if (t->e[j].val < 0) {
             break;
         }
-        size_t k = (size_t)t->e[j].hash & m;
+        size_t k = ht_slot(t, t->e[j].key);
         if (i <= j ? (i < k && k <= j) : (i < k || k <= j)) {
             continue;
         }
@@ -476,160 +447,42 @@ static void
 ht_free(HTable *t)
 {
     free(t->e);
-    t->e = NULL;
-    t->mask = 0;
-    t->used = 0;
+    memset(t, 0, sizeof(*t));
 }
 
-/* ------------------------------------------------------------------------------------------ */
-/* int64 -> int64 (non-negative values) map, linear probing, backward-shift deletion            */
-
-typedef struct {
-    int64_t key;
-    int64_t val; /* < 0: empty */
-} I64Entry;
-
-typedef struct {
-    I64Entry *e;
-    size_t mask;
-    int shift;
-    Py_ssize_t used;
-} I64Map;
-
-static inline size_t
-i64_slot(int64_t key, int shift)
+/* int64 keys, as the table stores them. */
+static inline uint64_t
+i64_key(int64_t key)
 {
-    return (size_t)(((uint64_t)key * 0x9E3779B97F4A7C15ULL) >> shift);
+    return (uint64_t)key * 0x9E3779B97F4A7C15ULL;
 }
 
+/* The value of key, or -1. */
 static inline int64_t
-i64_get(const I64Map *t, int64_t key)
+i64_get(const HTable *t, int64_t key)
 {
-    if (t->e == NULL) {
+    Py_ssize_t pos = ht_probe(t, i64_key(key), NULL, NULL, NULL, 0);
+    return pos >= 0 ? t->e[pos].val : -1;
+}
+
+/* Add an absent key; ht_reserve1 must have succeeded. */
+static inline void
+i64_insert_reserved(HTable *t, int64_t key, int64_t val)
+{
+    ht_insert_reserved(t, i64_key(key), val);
+}
+
+/* Remove key; returns its value, or -1 when absent. */
+static int64_t
+i64_remove(HTable *t, int64_t key)
+{
+    Py_ssize_t pos = ht_probe(t, i64_key(key), NULL, NULL, NULL, 0);
+    if (pos < 0) {
         return -1;
     }
-    size_t m = t->mask, i = i64_slot(key, t->shift);
-    for (;;) {
-        const I64Entry *x = &t->e[i];
-        if (x->val < 0) {
-            return -1;
-        }
-        if (x->key == key) {
-            return x->val;
-        }
-        i = (i + 1) & m;
-    }
-}
-
-static int
-i64_resize(I64Map *t, int bits)
-{
-    size_t ncap = (size_t)1 << bits;
-    I64Entry *ne = malloc(ncap * sizeof(I64Entry));
-    if (ne == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    memset(ne, 0xff, ncap * sizeof(I64Entry)); /* val == -1 everywhere */
-    int shift = 64 - bits;
-    size_t nm = ncap - 1;
-    if (t->e != NULL) {
-        for (size_t i = 0; i <= t->mask; i++) {
-            I64Entry *x = &t->e[i];
-            if (x->val >= 0) {
-                size_t j = i64_slot(x->key, shift);
-                while (ne[j].val >= 0) {
-                    j = (j + 1) & nm;
-                }
-                ne[j] = *x;
-            }
-        }
-        free(t->e);
-    }
-    t->e = ne;
-    t->mask = nm;
-    t->shift = shift;
-    return 0;
-}
-
-static int
-i64_reserve1(I64Map *t)
-{
-    size_t cap = t->e ? t->mask + 1 : 0;
-    if ((size_t)(t->used + 1) * 2 > cap) {
-        int bits = cap ? 64 - t->shift + 1 : 4;
-        if (bits > 40) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        return i64_resize(t, bits);
-    }
-    return 0;
-}
-
-/* Insert an absent key; i64_reserve1 must have succeeded. */
-static void
-i64_insert_reserved(I64Map *t, int64_t key, int64_t val)
-{
-    size_t m = t->mask, i = i64_slot(key, t->shift);
-    while (t->e[i].val >= 0) {
-        i = (i + 1) & m;
-    }
-    t->e[i].key = key;
-    t->e[i].val = val;
-    t->used++;
-}
-
-static void
-i64_delete(I64Map *t, int64_t key)
-{
-    if (t->e == NULL) {
-        return;
-    }
-    size_t m = t->mask, i = i64_slot(key, t->shift);
-    for (;;) {
-        if (t->e[i].val < 0) {
-            return;
-        }
-        if (t->e[i].key == key) {
-            break;
-        }
-        i = (i + 1) & m;
-    }
-    size_t j = i;
-    for (;;) {
-        j = (j + 1) & m;
-        if (t->e[j].val < 0) {
-            break;
-        }
-        size_t k = i64_slot(t->e[j].key, t->shift);
-        if (i <= j ? (i < k && k <= j) : (i < k || k <= j)) {
-            continue;
-        }
-        t->e[i] = t->e[j];
-        i = j;
-    }
-    t->e[i].val = -1;
-    t->used--;
-}
-
-static void
-i64_clear(I64Map *t)
-{
-    if (t->e != NULL) {
-        memset(t->e, 0xff, (t->mask + 1) * sizeof(I64Entry));
-    }
-    t->used = 0;
-}
-
-static void
-i64_free(I64Map *t)
-{
-    free(t->e);
-    t->e = NULL;
-    t->mask = 0;
-    t->shift = 0;
-    t->used = 0;
+    int64_t val = t->e[pos].val;
+    ht_delete_at(t, pos);
+    return val;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -642,7 +495,7 @@ typedef struct {
 } SBList;
 
 typedef struct {
-    I64Map map; /* second -> list slot */
+    HTable map; /* second -> list slot */
     SBList *lists;
     Py_ssize_t nlists, caplists;
     int64_t *freeslots;
@@ -699,7 +552,7 @@ sb_slot_slow(SecBuckets *sb, int64_t second)
 {
     int64_t slot = i64_get(&sb->map, second);
     if (slot < 0) {
-        if (GROW(sb->heap, sb->capheap, sb->nheap + 1) < 0 || i64_reserve1(&sb->map) < 0) {
+        if (GROW(sb->heap, sb->capheap, sb->nheap + 1) < 0 || ht_reserve1(&sb->map) < 0) {
             return -1;
         }
         if (sb->nfree > 0) {
@@ -775,8 +628,7 @@ static int64_t
 sb_pop(SecBuckets *sb, int64_t *slot)
 {
     int64_t second = heap_pop(sb->heap, &sb->nheap);
-    *slot = i64_get(&sb->map, second);
-    i64_delete(&sb->map, second);
+    *slot = i64_remove(&sb->map, second);
     if (sb->cache_slot >= 0 && sb->cache_sec == second) {
         sb->cache_slot = -1;
     }
@@ -799,7 +651,7 @@ sb_free(SecBuckets *sb)
     free(sb->lists);
     free(sb->freeslots);
     free(sb->heap);
-    i64_free(&sb->map);
+    ht_free(&sb->map);
     memset(sb, 0, sizeof(*sb));
     sb->cache_slot = -1;
 }
@@ -874,10 +726,10 @@ typedef struct {
 
 typedef struct {
     int64_t index, conversations;
-    I64Map smap; /* state key -> position in states (turns outside 1..DIRECT_TURNS) */
+    HTable smap; /* state key -> position in states (turns outside 1..DIRECT_TURNS) */
     StateE *states;
     Py_ssize_t ns, caps;
-    I64Map rmap; /* intent id -> row */
+    HTable rmap; /* intent id -> row */
     IntentRow *rows;
     Py_ssize_t nr, capr;
     MomE *moms;
@@ -922,7 +774,7 @@ typedef struct {
     PyObject *last_rejection;
 
     /* labeller */
-    StrTable labels;       /* label -> id (1..) */
+    HTable labels;         /* label (its hash) -> id (1..); the str is label_objs[id] */
     PyObject **label_objs; /* id -> first str seen (id 0: unknown_label, borrowed) */
     Py_ssize_t nlabel_objs, caplabel_objs;
     int64_t folded;
@@ -946,13 +798,13 @@ typedef struct {
     Py_ssize_t nbk_free, capbk_free;
     int64_t *bk_order; /* live bucket slots in creation order */
     Py_ssize_t nbk_order, capbk_order;
-    I64Map bk_map; /* bucket index -> slot */
+    HTable bk_map; /* bucket index -> slot */
     int64_t bk_cache_index, bk_cache_slot;
 
     /* arrivals */
     SecE *secs;
     Py_ssize_t nsecs, capsecs;
-    I64Map sec_map; /* second -> position */
+    HTable sec_map; /* second -> position */
     double first_start, newest_start;
     int64_t start_count;
 
@@ -1040,8 +892,8 @@ count_reason(Core *self, PyObject *reason, int64_t *cache)
 static void
 bucket_free_contents(Bucket *b)
 {
-    i64_free(&b->smap);
-    i64_free(&b->rmap);
+    ht_free(&b->smap);
+    ht_free(&b->rmap);
     free(b->states);
     free(b->rows);
     free(b->moms);
@@ -1057,7 +909,7 @@ bucket_row(Bucket *b, int32_t intent)
     if (r >= 0) {
         return r;
     }
-    if (GROW(b->rows, b->capr, b->nr + 1) < 0 || i64_reserve1(&b->rmap) < 0) {
+    if (GROW(b->rows, b->capr, b->nr + 1) < 0 || ht_reserve1(&b->rmap) < 0) {
         return -1;
     }
     r = b->nr++;
@@ -1082,7 +934,7 @@ bucket_state(Bucket *b, int64_t row, int32_t intent, int64_t turn)
     if (pos >= 0) {
         return &b->states[pos];
     }
-    if (GROW(b->states, b->caps, b->ns + 1) < 0 || (!direct && i64_reserve1(&b->smap) < 0)) {
+    if (GROW(b->states, b->caps, b->ns + 1) < 0 || (!direct && ht_reserve1(&b->smap) < 0)) {
         return NULL;
     }
     pos = b->ns++;
@@ -1130,7 +982,7 @@ window_add(Core *self, const Sess *conv)
     else {
         slot = i64_get(&self->bk_map, index);
         if (slot < 0) {
-            if (i64_reserve1(&self->bk_map) < 0 ||
+            if (ht_reserve1(&self->bk_map) < 0 ||
                 GROW(self->bk_order, self->capbk_order, self->nbk_order + 1) < 0) {
                 return -1;
             }
@@ -1273,7 +1125,7 @@ window_expire(Core *self, double now_s)
         int64_t slot = self->bk_order[i];
         Bucket *b = &self->bk[slot];
         if (drop_all || b->index < oldest_kept) {
-            i64_delete(&self->bk_map, b->index);
+            i64_remove(&self->bk_map, b->index);
             bucket_free_contents(b);
             self->bk_free[self->nbk_free++] = slot;
         }
@@ -1303,7 +1155,7 @@ arrivals_prune(Core *self)
         return 0;
     }
     self->nsecs = w;
-    i64_clear(&self->sec_map);
+    ht_clear(&self->sec_map);
     for (Py_ssize_t i = 0; i < w; i++) {
         i64_insert_reserved(&self->sec_map, self->secs[i].second, i); /* fewer than before */
     }
@@ -1322,7 +1174,7 @@ arrivals_observe(Core *self, double ts, int64_t turn, int64_t input, int has_cac
     int64_t pos = i64_get(&self->sec_map, second);
     if (pos < 0) {
         if (GROW(self->secs, self->capsecs, self->nsecs + 1) < 0 ||
-            i64_reserve1(&self->sec_map) < 0) {
+            ht_reserve1(&self->sec_map) < 0) {
             return -1;
         }
         pos = self->nsecs++;
@@ -1357,11 +1209,12 @@ arrivals_observe(Core *self, double ts, int64_t turn, int64_t input, int has_cac
 /* ------------------------------------------------------------------------------------------ */
 /* Tracker: session slots                                                                      */
 
+/* Whether slot val of the slots (base) is the slot of session id `what` (a KeyView). */
 static inline int
-sess_key_eq(const Sess *s, const KeyView *k)
+sess_is(const void *base, const void *what, int64_t val)
 {
-    return s->nbytes == k->nbytes && s->kind == k->kind &&
-           bytes_eq(SESS_KEY(s), k->data, k->nbytes);
+    const Sess *s = (const Sess *)base + val;
+    return key_is(what, SESS_KEY(s), s->nbytes, s->kind);
 }
 
 /* Position in sess_tab of the live slot of session k, -1 when none, -2 when the probe
@@ -1369,24 +1222,7 @@ sess_key_eq(const Sess *s, const KeyView *k)
 static inline Py_ssize_t
 sess_find(const Core *self, const KeyView *k)
 {
-    const HTable *t = &self->sess_tab;
-    if (t->e == NULL) {
-        return -1;
-    }
-    size_t m = t->mask, i = (size_t)k->hash & m;
-    for (int probes = 0;; probes++) {
-        const HEntry *x = &t->e[i];
-        if (x->val < 0) {
-            return -1;
-        }
-        if (x->hash == k->hash && sess_key_eq(&self->sess[x->val], k)) {
-            return (Py_ssize_t)i;
-        }
-        if (probes > PROBE_LIMIT) {
-            return -2;
-        }
-        i = (i + 1) & m;
-    }
+    return ht_find(&self->sess_tab, k->hash, sess_is, self->sess, k);
 }
 
 /* Room for one more slot (sess is kept 64-byte aligned, so it is moved by hand). */
@@ -1718,17 +1554,26 @@ event_field(const FieldTable *ft, PyObject *ev, int f)
     return v;
 }
 
+/* Whether label id val (of label_objs, base) is the str `what`. */
+static inline int
+label_is(const void *base, const void *what, int64_t val)
+{
+    PyObject *o = ((PyObject *const *)base)[val];
+    return o == what || str_eq(o, (PyObject *)what);
+}
+
 /* Commit the labeller's decision (IntentLabeller._bounded). */
 static inline int
 label_commit(Core *self, int action, PyObject *label, Py_hash_t h, int64_t id)
 {
     if (action == 1) {
         if (GROW(self->label_objs, self->caplabel_objs, self->nlabel_objs + 1) < 0 ||
-            st_insert(&self->labels, label, h, id) < 0) {
+            ht_reserve1(&self->labels) < 0) {
             return -1;
         }
         Py_INCREF(label);
         self->label_objs[self->nlabel_objs++] = label;
+        ht_insert_reserved(&self->labels, h, id);
     }
     else if (action == 2) {
         self->folded++;
@@ -1736,34 +1581,22 @@ label_commit(Core *self, int action, PyObject *label, Py_hash_t h, int64_t id)
     return 0;
 }
 
+/* Whether the record at val (idexp slot << 32 | offset) of the lists (base) is request id
+   `what` (a KeyView). */
+static inline int
+rid_is(const void *base, const void *what, int64_t val)
+{
+    const RidHdr *h = (const RidHdr *)(((const SBList *)base)[val >> 32].buf + (val & 0xffffffff));
+    return key_is(what, h + 1, h->nbytes, h->kind);
+}
+
 /* Whether request id k is remembered (ConversationTracker._seen_ids); -1 when the probe
    sequence is too long. */
 static inline int
 seen_has(const Core *self, const KeyView *k)
 {
-    const HTable *t = &self->seen;
-    if (t->e == NULL) {
-        return 0;
-    }
-    size_t m = t->mask, i = (size_t)k->hash & m;
-    for (int probes = 0;; probes++) {
-        const HEntry *x = &t->e[i];
-        if (x->val < 0) {
-            return 0;
-        }
-        if (probes > PROBE_LIMIT) {
-            return -1;
-        }
-        if (x->hash == k->hash) {
-            const RidHdr *h = (const RidHdr *)(self->idexp.lists[x->val >> 32].buf +
-                                               (x->val & 0xffffffff));
-            if (h->nbytes == k->nbytes && h->kind == k->kind &&
-                bytes_eq(h + 1, k->data, k->nbytes)) {
-                return 1;
-            }
-        }
-        i = (i + 1) & m;
-    }
+    Py_ssize_t pos = ht_find(&self->seen, k->hash, rid_is, self->idexp.lists, k);
+    return pos >= 0 ? 1 : pos == -1 ? 0 : -1;
 }
 
 /* Remember request id k under second `second` (seen_ids + _id_expiry.add). */
@@ -1833,12 +1666,14 @@ apply_fields(Core *self, PyObject *ev, const FieldTable *ft, PyObject *default_r
     /* Hash the keys first and prefetch their index slots, so that the misses overlap. */
     KeyView rk, sk;
     key_view(session, &sk, self->seed);
-    if (self->sess_tab.e != NULL) {
-        __builtin_prefetch(&self->sess_tab.e[(size_t)sk.hash & self->sess_tab.mask]);
+    const HEntry *sess_home = ht_home(&self->sess_tab, sk.hash);
+    if (sess_home != NULL) {
+        __builtin_prefetch(sess_home);
     }
     key_view(rid, &rk, self->seed);
-    if (self->seen.e != NULL) {
-        __builtin_prefetch(&self->seen.e[(size_t)rk.hash & self->seen.mask]);
+    const HEntry *seen_home = ht_home(&self->seen, rk.hash);
+    if (seen_home != NULL) {
+        __builtin_prefetch(seen_home);
     }
 
     /* IntentLabeller.__call__ -> _bounded, decided now, committed below. */
@@ -1848,7 +1683,7 @@ apply_fields(Core *self, PyObject *ev, const FieldTable *ft, PyObject *default_r
     Py_hash_t label_hash = 0;
     if (label != self->unknown_label) {
         label_hash = str_key_hash(label, self->seed);
-        Py_ssize_t lp = st_find(&self->labels, label, label_hash);
+        Py_ssize_t lp = ht_find(&self->labels, label_hash, label_is, self->label_objs, label);
         if (lp == -2) {
             return unsupported(self, "colliding intent labels");
         }
@@ -1877,11 +1712,8 @@ apply_fields(Core *self, PyObject *ev, const FieldTable *ft, PyObject *default_r
         }
         return count_reason(self, self->s_too_late, &self->too_late_pos);
     }
-    if (self->sess_tab.e != NULL) { /* the likely slot of the session: prefetch it */
-        const HEntry *x = &self->sess_tab.e[(size_t)sk.hash & self->sess_tab.mask];
-        if (x->val >= 0 && x->hash == sk.hash) {
-            __builtin_prefetch(&self->sess[x->val]);
-        }
+    if (sess_home != NULL && sess_home->val >= 0 && sess_home->key == (uint64_t)sk.hash) {
+        __builtin_prefetch(&self->sess[sess_home->val]); /* the likely slot of the session */
     }
     int dup = seen_has(self, &rk);
     if (dup < 0) {
@@ -2176,11 +2008,25 @@ core_offer_lines(Core *self, PyObject *lines)
     if (core_ready(self) < 0) {
         return NULL;
     }
+    Py_ssize_t count = 0;
+    if (PyList_CheckExact(lines)) {
+        /* A list without an iterator object (its size is read again each time round, and each
+           line held while it is offered, in case the list changes meanwhile). */
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(lines); i++) {
+            PyObject *line = Py_NewRef(PyList_GET_ITEM(lines, i));
+            count++;
+            int r = offer_one(self, line);
+            Py_DECREF(line);
+            if (r < 0) {
+                return NULL;
+            }
+        }
+        return PyLong_FromSsize_t(count);
+    }
     PyObject *it = PyObject_GetIter(lines);
     if (it == NULL) {
         return NULL;
     }
-    Py_ssize_t count = 0;
     PyObject *line;
     while ((line = PyIter_Next(it)) != NULL) {
         count++;
@@ -2288,6 +2134,10 @@ export_bucket(Core *self, const Bucket *b)
         PyTuple_SET_ITEM(t, 1, bl);
         PyTuple_SET_ITEM(t, 2, label_obj(self, d->intent));
         PyTuple_SET_ITEM(t, 3, tu);
+        /* A tuple of atoms can be in no cycle: untracked now, as the collector would untrack
+           it at its first look, so that the window's samples do not make a young collection
+           walk them all. */
+        PyObject_GC_UnTrack(t);
     }
     return Py_BuildValue("(LLNNN)", (long long)b->index, (long long)b->conversations, states,
                          moms, delays);
@@ -2393,18 +2243,6 @@ fail:
 }
 
 static PyObject *
-get_processed(Core *self, void *Py_UNUSED(c))
-{
-    return PyLong_FromLongLong(self->processed);
-}
-
-static PyObject *
-get_duplicates(Core *self, void *Py_UNUSED(c))
-{
-    return PyLong_FromLongLong(self->duplicates);
-}
-
-static PyObject *
 get_rejected_total(Core *self, void *Py_UNUSED(c))
 {
     int64_t total = 0;
@@ -2412,24 +2250,6 @@ get_rejected_total(Core *self, void *Py_UNUSED(c))
         total += self->reason_counts[i];
     }
     return PyLong_FromLongLong(total);
-}
-
-static PyObject *
-get_open_conversations(Core *self, void *Py_UNUSED(c))
-{
-    return PyLong_FromSsize_t(self->open_count);
-}
-
-static PyObject *
-get_newest_ts(Core *self, void *Py_UNUSED(c))
-{
-    return PyFloat_FromDouble(self->newest_ts);
-}
-
-static PyObject *
-get_last_rejection(Core *self, void *Py_UNUSED(c))
-{
-    return Py_NewRef(self->last_rejection ? self->last_rejection : Py_None);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -2676,19 +2496,43 @@ fail:
     return NULL;
 }
 
+/* The references a GC'd struct holds, listed once by their offsets: refs_visit serves its
+   tp_traverse and refs_clear its tp_clear (in the list's order), so the two cannot disagree. */
+#define REF_AT(base, off) (*(PyObject **)((char *)(base) + (off)))
+
+static int
+refs_visit(void *base, const size_t *offs, size_t n, visitproc visit, void *arg)
+{
+    for (size_t i = 0; i < n; i++) {
+        Py_VISIT(REF_AT(base, offs[i]));
+    }
+    return 0;
+}
+
+static void
+refs_clear(void *base, const size_t *offs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        Py_CLEAR(REF_AT(base, offs[i]));
+    }
+}
+
+/* Besides these, the Core holds its type and the reasons' str objects (both visited), and
+   strings that cannot take part in a cycle (dropped in core_dealloc). */
+static const size_t core_refs[] = {
+    offsetof(Core, parse),       offsetof(Core, decode),         offsetof(Core, decode_type),
+    offsetof(Core, rejected),    offsetof(Core, event_type),     offsetof(Core, delay_type),
+    offsetof(Core, unsupported), offsetof(Core, last_rejection), offsetof(Core, reason_index),
+};
+
 static int
 core_traverse(Core *self, visitproc visit, void *arg)
 {
     Py_VISIT(Py_TYPE(self));
-    Py_VISIT(self->parse);
-    Py_VISIT(self->decode);
-    Py_VISIT(self->decode_type);
-    Py_VISIT(self->rejected);
-    Py_VISIT(self->event_type);
-    Py_VISIT(self->delay_type);
-    Py_VISIT(self->unsupported);
-    Py_VISIT(self->last_rejection);
-    Py_VISIT(self->reason_index);
+    int r = refs_visit(self, core_refs, Py_ARRAY_LENGTH(core_refs), visit, arg);
+    if (r != 0) {
+        return r;
+    }
     for (Py_ssize_t i = 0; i < self->nreasons; i++) {
         Py_VISIT(self->reason_objs[i]);
     }
@@ -2698,15 +2542,7 @@ core_traverse(Core *self, visitproc visit, void *arg)
 static int
 core_clear(Core *self)
 {
-    Py_CLEAR(self->parse);
-    Py_CLEAR(self->decode);
-    Py_CLEAR(self->decode_type);
-    Py_CLEAR(self->rejected);
-    Py_CLEAR(self->event_type);
-    Py_CLEAR(self->delay_type);
-    Py_CLEAR(self->unsupported);
-    Py_CLEAR(self->last_rejection);
-    Py_CLEAR(self->reason_index);
+    refs_clear(self, core_refs, Py_ARRAY_LENGTH(core_refs));
     Py_ssize_t n = self->nreasons;
     self->nreasons = 0;
     self->too_late_pos = self->open_limit_pos = -1;
@@ -2725,7 +2561,7 @@ core_dealloc(Core *self)
     free(self->reason_objs);
     free(self->reason_counts);
     /* labeller */
-    st_free(&self->labels);
+    ht_free(&self->labels);
     for (Py_ssize_t i = 1; i < self->nlabel_objs; i++) {
         Py_CLEAR(self->label_objs[i]);
     }
@@ -2748,10 +2584,10 @@ core_dealloc(Core *self)
     free(self->bk);
     free(self->bk_free);
     free(self->bk_order);
-    i64_free(&self->bk_map);
+    ht_free(&self->bk_map);
     /* arrivals */
     free(self->secs);
-    i64_free(&self->sec_map);
+    ht_free(&self->sec_map);
     Py_CLEAR(self->s_reason);
     Py_CLEAR(self->s_too_late);
     Py_CLEAR(self->s_open_limit);
@@ -2770,13 +2606,21 @@ static PyMethodDef core_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+_Static_assert(sizeof(int64_t) == sizeof(long long), "T_LONGLONG members hold int64_t");
+
+static PyMemberDef core_members[] = {
+    {"processed", T_LONGLONG, offsetof(Core, processed), READONLY, "accepted events"},
+    {"duplicates", T_LONGLONG, offsetof(Core, duplicates), READONLY, "duplicate events"},
+    {"open_conversations", T_PYSSIZET, offsetof(Core, open_count), READONLY,
+     "open conversations"},
+    {"newest_ts", T_DOUBLE, offsetof(Core, newest_ts), READONLY, "newest accepted event time"},
+    {"last_rejection", T_OBJECT, offsetof(Core, last_rejection), READONLY, /* NULL: None */
+     "the last parse rejection"},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PyGetSetDef core_getset[] = {
-    {"processed", (getter)get_processed, NULL, "accepted events", NULL},
-    {"duplicates", (getter)get_duplicates, NULL, "duplicate events", NULL},
     {"rejected_total", (getter)get_rejected_total, NULL, "rejected events (all reasons)", NULL},
-    {"open_conversations", (getter)get_open_conversations, NULL, "open conversations", NULL},
-    {"newest_ts", (getter)get_newest_ts, NULL, "newest accepted event time", NULL},
-    {"last_rejection", (getter)get_last_rejection, NULL, "the last parse rejection", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -2786,6 +2630,7 @@ static PyType_Slot core_slots[] = {
     {Py_tp_traverse, core_traverse},
     {Py_tp_clear, core_clear},
     {Py_tp_methods, core_methods},
+    {Py_tp_members, core_members},
     {Py_tp_getset, core_getset},
     {Py_tp_doc, "ReplayCore(**config): the native replay engine (see stats/_replay.c)."},
     {0, NULL},
@@ -2820,15 +2665,13 @@ mod_exec(PyObject *m)
     return 0;
 }
 
+static const size_t mod_refs[] = {offsetof(ModState, unsupported), offsetof(ModState, core_type)};
+
 static int
 mod_traverse(PyObject *m, visitproc visit, void *arg)
 {
     ModState *st = PyModule_GetState(m);
-    if (st != NULL) {
-        Py_VISIT(st->unsupported);
-        Py_VISIT(st->core_type);
-    }
-    return 0;
+    return st != NULL ? refs_visit(st, mod_refs, Py_ARRAY_LENGTH(mod_refs), visit, arg) : 0;
 }
 
 static int
@@ -2836,8 +2679,7 @@ mod_clear(PyObject *m)
 {
     ModState *st = PyModule_GetState(m);
     if (st != NULL) {
-        Py_CLEAR(st->unsupported);
-        Py_CLEAR(st->core_type);
+        refs_clear(st, mod_refs, Py_ARRAY_LENGTH(mod_refs));
     }
     return 0;
 }

@@ -115,10 +115,7 @@ class Event(
         return out
 
 
-# msgspec's decoder into Event: parse_event's first step. The native replay engine
-# (stats/_replay.c, parse_line) calls it without parse_event and repeats parse_event's checks
-# on its result: keep the two in step.
-decode_strict = msgspec.json.Decoder(Event).decode
+_decode = msgspec.json.Decoder(Event).decode
 
 
 def parse_event(raw: bytes | bytearray | memoryview | str | dict[str, Any]) -> Event:
@@ -128,9 +125,11 @@ def parse_event(raw: bytes | bytearray | memoryview | str | dict[str, Any]) -> E
             return _parse_reference(raw)
         raw = _within_size(raw)
     try:
-        event = decode_strict(raw)
+        event = _decode(raw)
     except Exception:  # any refusal (or msgspec failure): the reference decides and explains
         return _parse_reference(raw)
+    # The native replay engine repeats these two checks (stats/_replay.c, decoded_is_final):
+    # keep the two in step.
     cached = event.cached_tokens
     if (cached is not None and cached > event.input_tokens) or (
         event.messages is not None and not _messages_complete(event.messages)

@@ -5,9 +5,9 @@ counters) and of the daemon's default labeller to raw JSON lines, in one native 
 Every line is validated by the contract's own code: the loop decodes it as
 :func:`~kvcast.stats.events.parse_event` does (msgspec, into :data:`EventFields`: the fields
 and constraints of ``Event``), repeats ``parse_event``'s two checks on the result, and hands
-anything else to ``parse_event`` itself. Its result is handed over as a
-finished ``StatsEngine`` and must equal, bit for bit, what the Python engine gives for the same
-lines (``tests/stats/test_native_replay.py`` checks it on every generator preset and on hostile
+anything else to ``parse_event`` itself. Its result is handed over as a finished
+``StatsEngine`` and must equal, bit for bit, what the Python engine gives for the same lines
+(``tests/stats/test_native_replay.py`` checks it on every generator preset and on hostile
 streams). The Python engine stays the reference, and the daemon's engine, because the daemon
 checkpoints its open conversations and this engine keeps them in C.
 
@@ -138,7 +138,8 @@ class NativeReplay:
         return self._core.last_rejection
 
     def labels(self) -> tuple[set[str], int]:
-        """The producer labels kept, and how many events had theirs folded into unknown."""
+        """The producer labels kept, and how many events had theirs folded into unknown
+        (reads the whole state, as :meth:`to_engine` does)."""
         state = self._core.export()
         return set(state["labels"]), state["folded"]
 
