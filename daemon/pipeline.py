@@ -7,6 +7,7 @@ engine (:func:`replay_lines`), which applies the same rules in C and is tested e
 
 from __future__ import annotations
 
+import logging
 from collections import Counter, defaultdict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from kvcast.stats.events import Event, EventRejected, parse_event
 from kvcast.stats.native_replay import NativeReplay, ReplayUnsupported, native_available
 from kvcast.stats.snapshot import Snapshot
 from kvcast.stats.taxonomy import UNKNOWN
+
+log = logging.getLogger(__name__)
 
 # Distinct intent labels accepted from producers before the rest are folded into `unknown`;
 # the label set becomes table keys and metric labels, so it must stay bounded.
@@ -169,8 +172,8 @@ def replay_lines(
     if engine != "python" and native_available():
         try:
             return _replay_native(open_batches, config, on_batch)
-        except ReplayUnsupported:
-            pass  # e.g. a timestamp of 2**52 s or more: the Python engine handles any float
+        except ReplayUnsupported as exc:  # e.g. a timestamp of 2**52 s or more
+            log.warning("native replay engine: %s; replaying with the Python engine", exc)
     return _replay_python(open_batches, config, on_batch)
 
 

@@ -249,7 +249,9 @@ def test_labels_beyond_the_limit_fold_into_unknown_as_the_labeller_does() -> Non
     assert len(labels) == MAX_INTENT_LABELS and folded == 400 - 5 * MAX_INTENT_LABELS
 
 
-def test_a_timestamp_beyond_2_52_s_hands_the_replay_to_the_python_engine() -> None:
+def test_a_timestamp_beyond_2_52_s_hands_the_replay_to_the_python_engine(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     lines = [
         event_line(1, 1, 10.0, 32, intent=None, cached=None, request_id=None),
         event_line(2, 1, 2.0**53, 32, intent=None, cached=None, request_id=None),
@@ -264,8 +266,10 @@ def test_a_timestamp_beyond_2_52_s_hands_the_replay_to_the_python_engine() -> No
     def batches() -> Iterator[list[bytes]]:
         yield lines
 
-    got = replay_lines(batches, StatsConfig(), engine="native")
+    with caplog.at_level("WARNING", logger="kvcast.daemon.pipeline"):
+        got = replay_lines(batches, StatsConfig(), engine="native")
     assert state(got) == state(expected)
+    assert "replaying with the Python engine" in caplog.text  # the operator learns why
 
 
 def test_an_error_other_than_a_rejection_propagates_and_keeps_what_came_before() -> None:
