@@ -161,15 +161,11 @@ def replay_lines(
 
     ``open_batches()`` yields the lines in batches; it is called again, from the start, when
     the native engine meets a value it cannot represent and the Python engine takes over.
-    ``engine``: ``native`` (the C engine, same numbers, several times faster; an error when not
-    built), ``python`` (the daemon's engine, per event) or ``auto`` (native when built).
+    ``engine``: ``native`` (the C engine, same numbers, several times faster; RuntimeError when
+    not built), ``python`` (the daemon's engine, per event) or ``auto`` (native when built).
     ``on_batch`` hears the progress after each batch.
     """
-    if engine == "native" and not native_available():
-        raise RuntimeError(
-            "the native replay engine is not built (install with a C compiler at hand)"
-        )
-    if engine != "python" and native_available():
+    if engine == "native" or (engine == "auto" and native_available()):
         try:
             return _replay_native(open_batches, config, on_batch)
         except ReplayUnsupported as exc:  # e.g. a timestamp of 2**52 s or more

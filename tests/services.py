@@ -13,6 +13,7 @@ import os
 import socket
 import uuid
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -37,12 +38,16 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
-def missing(service: str, endpoint: str, error: object) -> None:
-    """Fail (in CI) or skip (elsewhere) because `service` does not answer."""
-    message = f"{service} does not answer at {endpoint} ({error}); {START_HINT}"
+def unavailable(message: str) -> NoReturn:
+    """Fail (in CI, where everything the suite needs must be there) or skip (elsewhere)."""
     if in_ci():
         pytest.fail(message, pytrace=False)
     pytest.skip(message)
+
+
+def missing(service: str, endpoint: str, error: object) -> NoReturn:
+    """Fail (in CI) or skip (elsewhere) because `service` does not answer."""
+    unavailable(f"{service} does not answer at {endpoint} ({error}); {START_HINT}")
 
 
 def unique_name(prefix: str) -> str:

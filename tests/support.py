@@ -8,7 +8,6 @@ import urllib.request
 from typing import TYPE_CHECKING, Protocol
 
 import orjson
-import pytest
 
 from kvcast.stats.native_replay import native_available
 from kvcast.stats.snapshot import Snapshot
@@ -82,7 +81,6 @@ def readiness(daemon: Served) -> tuple[int, dict]:
 def require_native() -> None:
     """Fail (in CI) or skip (elsewhere) unless the native replay engine was built."""
     if not native_available():
-        message = "kvcast.stats._replay is not built (make setup builds it; needs a C compiler)"
-        if services.in_ci():
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+        services.unavailable(
+            "kvcast.stats._replay is not built (make setup builds it; needs a C compiler)"
+        )

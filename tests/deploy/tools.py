@@ -11,8 +11,6 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-import pytest
-
 from tests import services
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,10 +25,7 @@ def need(tool: str) -> str:
     """The path of `tool`; fails (CI) or skips (elsewhere) when it is not installed."""
     path = shutil.which(tool)
     if path is None:
-        message = f"{tool} is not installed; {INSTALL_HINT}"
-        if services.in_ci():
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+        services.unavailable(f"{tool} is not installed; {INSTALL_HINT}")
     return path
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 import pytest
 
 from tests.reliability.tally import TALLY
-from tests.services import in_ci
+from tests.services import unavailable
 
 pytestmark = pytest.mark.slow
 
@@ -56,10 +56,7 @@ FUZZ_LINE = re.compile(r"^FUZZ target=(\w+) status=(\w+) rc=(-?\d+) runs=(\d+) c
 def require_atheris() -> None:
     """Fail in CI (atheris is in the ``test`` extra), skip elsewhere, when it is missing."""
     if importlib.util.find_spec("atheris") is None:
-        message = "atheris is not installed; install the test extra: pip install -e '.[test]'"
-        if in_ci():
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+        unavailable("atheris is not installed; install the test extra: pip install -e '.[test]'")
 
 
 def failure_report(stderr: str, artifacts: Path) -> str:
