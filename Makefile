@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 
 .PHONY: setup run test lint bench clean services-start services-stop services-status check-deploy
 
-$(STAMP): pyproject.toml setup.py stats/_replay.c
+$(STAMP): pyproject.toml setup.py stats/native/_replay.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# CPU build of torch first (an unpinned torch pulls a multi-GB CUDA build); on a GPU

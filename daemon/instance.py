@@ -5,17 +5,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 from kvcast.daemon.classification import open_classifier
-from kvcast.daemon.pipeline import IntentLabeller
 from kvcast.daemon.publisher import Publisher
 from kvcast.daemon.runner import Daemon
 from kvcast.daemon.settings import DaemonSettings
-from kvcast.daemon.sources import embedded_source, open_source
+from kvcast.daemon.sources import EventSource, open_source
 from kvcast.daemon.stores import open_store
 from kvcast.daemon.stores.instrumented import InstrumentedStore
+from kvcast.stats.labeller import IntentLabeller
 
 
 @dataclass
@@ -33,19 +34,20 @@ class Instance:
             self.classifier.close()
 
 
-def open_store_and_source(settings: DaemonSettings) -> tuple[Any, Any]:
-    """The state store and event source the settings name; ValueError says what is wrong."""
+def open_store_and_source(
+    settings: DaemonSettings, demo_source: Callable[[DaemonSettings], EventSource] | None = None
+) -> tuple[Any, Any]:
+    """The state store and event source the settings name; ValueError says what is wrong.
+
+    ``demo_source`` builds the embedded default's source (the CLI passes the sample workload);
+    without it, settings that name no source are an error.
+    """
     store = open_store(settings.store, settings.namespace)
-    source = (
-        embedded_source(
-            settings.sample_conversations,
-            settings.speedup,
-            settings.capacity_blocks,
-            settings.stats.block_size,
-        )
-        if settings.embedded
-        else open_source(settings.source or "", settings.group_id, **settings.kafka_options())
-    )
+    if settings.embedded:
+        if demo_source is None:
+            raise ValueError("no --source given and no embedded sample workload available")
+        return store, demo_source(settings)
+    source = open_source(settings.source or "", settings.group_id, **settings.kafka_options())
     return store, source
 
 

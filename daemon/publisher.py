@@ -19,8 +19,8 @@ from kvcast.daemon.settings import DaemonSettings
 from kvcast.daemon.stores import StateStore, StoreUnavailable
 from kvcast.stats.forecast import forecast_from_sample
 from kvcast.stats.partition import PartitionDelta
+from kvcast.stats.priority import table_content_changed, table_document
 from kvcast.stats.snapshot import take_snapshot
-from kvcast.stats.table import table_content_changed, table_document
 
 log = logging.getLogger(__name__)
 

@@ -19,12 +19,12 @@ from typing import TextIO
 
 import orjson
 
-from kvcast.daemon.pipeline import IntentLabeller
 from kvcast.daemon.publisher import Publisher, format_status
 from kvcast.daemon.settings import DaemonSettings
 from kvcast.daemon.sources.base import EventSource, Record
 from kvcast.daemon.stores import StaleOwner, StateStore, StoreUnavailable
-from kvcast.stats.events import Event, EventRejected, parse_event
+from kvcast.stats.ingest import IngestTarget, ingest
+from kvcast.stats.labeller import IntentLabeller
 from kvcast.stats.partition import PartitionDelta, PartitionEngine
 
 log = logging.getLogger(__name__)
@@ -160,29 +160,17 @@ class Daemon:
             self.source.resume([partition])
 
     def _apply_batch(self, records: list[Record]) -> None:
-        """Validate a poll's records, label them together (one classifier batch), apply."""
-        valid: list[tuple[PartitionEngine, Record, Event]] = []
+        """Ingest a poll's records (valid ones labelled together: one classifier batch)."""
+        engines = self._engines
+        items: list[tuple[IngestTarget, int, bytes]] = []
         for record in records:
-            engine = self._engines.get(record.partition)
+            engine = engines.get(record.partition)
             if engine is None or record.offset <= engine.offset:
                 continue  # not ours (any more), or already applied before a restart
-            self.events_seen += 1
-            try:
-                event = parse_event(record.value)
-            except EventRejected as rejection:
-                if valid:  # keep offsets in order: apply what came before first
-                    self._apply_valid(valid)
-                    valid = []
-                engine.reject(rejection.reason, record.offset)
-                continue
-            valid.append((engine, record, event))
-        if valid:
-            self._apply_valid(valid)
-
-    def _apply_valid(self, valid: list[tuple[PartitionEngine, Record, Event]]) -> None:
-        labels = self.labeller.label_batch([event for _, _, event in valid])
-        for (engine, record, event), label in zip(valid, labels, strict=True):
-            engine.apply(event, label, record.offset)
+            items.append((engine, record.offset, record.value))
+        self.events_seen += len(items)
+        if items:
+            ingest(items, self.labeller)
 
     # -- commits -----------------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
-from kvcast.exporters.priority import Priority, PriorityIndex, TableError
+from kvcast.stats.priority import Priority, PriorityIndex, TableError, redis_table_key
 
 __all__ = [
     "FileTableSource",
@@ -59,11 +59,6 @@ class TableSource(Protocol):
         nothing has been published yet. Raises :class:`TableSourceError` when unreachable."""
 
     def close(self) -> None: ...
-
-
-def redis_table_key(namespace: str) -> str:
-    """The key the daemon publishes the table under (``RedisStore.key("table")``)."""
-    return f"{namespace}:{{{namespace}}}:table"
 
 
 def _decode(raw: bytes, where: str) -> Mapping[str, Any]:

@@ -30,10 +30,11 @@ old_root, preset_name, tight = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 conversations = int(sys.argv[4])
 if old_root:
     sys.path.insert(0, old_root)
-from kvcast.daemon.pipeline import Pipeline
+from kvcast.stats.replay import Pipeline
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.events import EventRejected, parse_event
-from kvcast.stats.generator import generate, preset
+from kvcast.lab.workload.generator import generate
+from kvcast.lab.workload.presets import preset
 from kvcast.stats.partition import PartitionEngine, decode_conversation
 
 config = (

@@ -36,12 +36,12 @@ except ImportError:  # older code had no tuning
 else:
     tune_for_streaming()
 if suite == "throughput":
-    from kvcast.daemon.bench.throughput import run_throughput
+    from kvcast.lab.bench.throughput import run_throughput
     r = run_throughput(repeats=3)
     out = {"pipeline_per_s": r.pipeline_per_s, "decode_per_s": r.decode_per_s,
            "ratio": r.pipeline_per_s / r.decode_per_s}
 else:
-    from kvcast.daemon.bench import daemon_bench as d
+    from kvcast.lab.bench import daemon_bench as d
     b, url = "127.0.0.1:19092", "redis://127.0.0.1:6379/0"
     topic, count = d._produce(b, 40000)
     bare, daemon = d._bare_consume(b, topic, count), d._daemon_throughput(b, url, topic, count)

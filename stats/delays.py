@@ -2,14 +2,14 @@
 
 Each distribution gives ``cdf(T) = F(T)``, ``tail_integral(T) = int_0^T (1 - F(u)) du``
 (= E[min(W, T)]) and ``ppf(p)`` (smallest T with F(T) >= p), vectorised over numpy arrays.
-``parse_delay_spec`` turns the CLI's ``exp:MEAN_S`` / ``lognormal:MU,SIGMA`` / FILE into one.
+``parse_delay_law`` turns ``exp:MEAN_S`` / ``lognormal:MU,SIGMA`` into one (``kvcast.cli.delays``
+also reads a file of delays).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -141,11 +141,6 @@ class Empirical:
         return f"empirical({self.n} samples, mean {self.mean:.4g} s)"
 
 
-_SPEC_HELP = (
-    "expected exp:MEAN_S, lognormal:MU,SIGMA (of log seconds) or a file of delays in seconds"
-)
-
-
 def _number(text: str, what: str, spec: str) -> float:
     try:
         value = float(text)
@@ -175,11 +170,11 @@ def parse_delays_text(text: str, source: str = "<text>") -> Empirical:
     return Empirical(values)
 
 
-def parse_delay_spec(spec: str) -> DelayDistribution:
-    """``exp:MEAN_S`` | ``lognormal:MU,SIGMA`` | path of a file of delays -> a distribution.
+def parse_delay_law(spec: str) -> DelayDistribution | None:
+    """``exp:MEAN_S`` | ``lognormal:MU,SIGMA`` -> a distribution; None for anything else.
 
-    Raises ValueError naming what was wrong. (Reading the file is the one I/O in ``stats``: the
-    user named it explicitly.)
+    Raises ValueError naming what was wrong in a spec of either form. A file of delays is read
+    by the caller (``kvcast.cli.delays``) and parsed with :func:`parse_delays_text`.
     """
     text = spec.strip()
     kind, sep, args = text.partition(":")
@@ -198,11 +193,4 @@ def parse_delay_spec(spec: str) -> DelayDistribution:
         if sigma <= 0:
             raise ValueError(f"delay spec {spec!r}: lognormal sigma must be > 0")
         return LogNormal(mu, sigma)
-    path = Path(text)
-    if not text or not path.is_file():
-        raise ValueError(f"delay spec {spec!r}: {_SPEC_HELP} (no such file)")
-    try:
-        content = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"delay spec {spec!r}: cannot read file: {exc}") from None
-    return parse_delays_text(content, source=str(path))
+    return None

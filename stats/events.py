@@ -128,7 +128,7 @@ def parse_event(raw: bytes | bytearray | memoryview | str | dict[str, Any]) -> E
         event = _decode(raw)
     except Exception:  # any refusal (or msgspec failure): the reference decides and explains
         return _parse_reference(raw)
-    # The native replay engine repeats these two checks (stats/_replay.c, decoded_is_final):
+    # The native replay engine repeats these two checks (stats/native/_replay.c, decoded_is_final):
     # keep the two in step.
     cached = event.cached_tokens
     if (cached is not None and cached > event.input_tokens) or (

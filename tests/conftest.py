@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcast.daemon.bench.processes import OwnRedis, free_port, wait_until
+from kvcast.lab.bench.processes import OwnRedis, free_port, wait_until
 from tests import services
 from tests.services import listening, missing, tansu_binary
 

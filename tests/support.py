@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Protocol
 
 import orjson
 
-from kvcast.stats.native_replay import native_available
+from kvcast.stats.native.replay import native_available
 from kvcast.stats.snapshot import Snapshot
 from tests import services
 
 if TYPE_CHECKING:
-    from kvcast.daemon.bench.soak import Records
+    from kvcast.lab.bench.soak import Records
 
 
 # A well-formed event with only the required fields (the event contract's tests start from it).
@@ -82,5 +82,5 @@ def require_native() -> None:
     """Fail (in CI) or skip (elsewhere) unless the native replay engine was built."""
     if not native_available():
         services.unavailable(
-            "kvcast.stats._replay is not built (make setup builds it; needs a C compiler)"
+            "kvcast.stats.native._replay is not built (make setup builds it; needs a C compiler)"
         )

@@ -1,7 +1,8 @@
 """Event sources behind one protocol, chosen from a URL scheme.
 
-``kafka://HOST:PORT[,HOST:PORT]/TOPIC`` (a consumer group), ``file://PATH`` (a JSONL replay
-as one partition), or the embedded sample workload when no source is configured.
+``kafka://HOST:PORT[,HOST:PORT]/TOPIC`` (a consumer group) or ``file://PATH`` (a JSONL replay
+as one partition). The embedded default's sample workload is built by the CLI
+(``kvcast.cli.demo``) and handed in as a :class:`ReplaySource`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from urllib.parse import unquote, urlsplit
 
 from kvcast.daemon.sources.base import EventSource, PartitionListener, Record
 from kvcast.daemon.sources.replay import ReplaySource
-from kvcast.stats.generator import generate, preset
 
 
 def open_source(url: str, group_id: str, **kafka_options: Any) -> EventSource:
@@ -38,32 +38,10 @@ def open_source(url: str, group_id: str, **kafka_options: Any) -> EventSource:
     raise ValueError(f"source {url!r}: expected kafka://HOST:PORT/TOPIC or file://PATH")
 
 
-def embedded_source(
-    conversations: int, speedup: float, capacity_blocks: int, block_size: int, seed: int = 7
-) -> ReplaySource:
-    """The embedded default: a generated intent-mixed workload, replayed in accelerated time.
-
-    ``cached_tokens`` come from a whole-content LRU of ``capacity_blocks`` blocks, so the
-    observed hit ratio has something honest to be compared with.
-    """
-    trace = generate(
-        preset("mixed"),
-        lambda0=2.0,
-        conversations=conversations,
-        seed=seed,
-        block_size=block_size,
-        prompts=True,
-        cached_capacity_blocks=capacity_blocks,
-    )
-    lines = [line.rstrip(b"\n") for line in trace.jsonl_lines()]
-    return ReplaySource(lines, partition="embedded:0", speedup=speedup)
-
-
 __all__ = [
     "EventSource",
     "PartitionListener",
     "Record",
     "ReplaySource",
-    "embedded_source",
     "open_source",
 ]

@@ -8,7 +8,8 @@ replays as fast as possible. Offsets are line indices, so a replay is a log like
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 
 import orjson
 
@@ -99,3 +100,14 @@ class ReplaySource:
 
     def close(self) -> None:
         return None
+
+
+# Bytes of a file read at once by read_line_batches (a batch is about this size).
+READ_BATCH_BYTES = 4 << 20
+
+
+def read_line_batches(path: Path) -> Iterable[list[bytes]]:
+    """Non-blank lines of a JSONL file, stripped, in lists of about 4 MiB of text."""
+    with path.open("rb") as handle:
+        while batch := handle.readlines(READ_BATCH_BYTES):
+            yield [line for line in map(bytes.strip, batch) if line]

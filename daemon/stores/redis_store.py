@@ -32,6 +32,7 @@ from kvcast.stats.arrivals import ArrivalStats, SecondCounters
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.engine import EventCounters
 from kvcast.stats.partition import PartitionCheckpoint, PartitionDelta
+from kvcast.stats.priority import redis_table_key
 from kvcast.stats.window import Bucket, DelaySample, MomentSums, StateSums, StatsWindow
 
 # Keep the smaller (ARGV[3] == "min") or larger value of a hash field; floats as text.
@@ -98,6 +99,7 @@ class RedisStore:
         self._client = redis.Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
         )
+        self.namespace = namespace
         self.prefix = f"{namespace}:{{{namespace}}}:"
 
     def key(self, *parts: object) -> str:
@@ -270,13 +272,13 @@ class RedisStore:
 
     def publish_table(self, document: dict[str, Any]) -> None:
         try:
-            self._client.set(self.key("table"), orjson.dumps(document))
+            self._client.set(redis_table_key(self.namespace), orjson.dumps(document))
         except _CONNECTION_ERRORS as exc:
             raise StoreUnavailable(f"redis: {exc}") from None
 
     def read_table(self) -> dict[str, Any] | None:
         try:
-            raw = self._client.get(self.key("table"))
+            raw = self._client.get(redis_table_key(self.namespace))
         except _CONNECTION_ERRORS as exc:
             raise StoreUnavailable(f"redis: {exc}") from None
         return None if raw is None else orjson.loads(raw)

@@ -14,7 +14,7 @@ COPY deploy/docker/requirements.txt /tmp/requirements.txt
 RUN pip install --no-deps --index-url https://download.pytorch.org/whl/cpu \
         "$(grep '^torch==' /tmp/requirements.txt)" \
  && pip install -r /tmp/requirements.txt
-# A C compiler for the replay engine (stats/_replay.c); only the built module reaches the image.
+# A C compiler for the replay engine (stats/native/_replay.c); only the built module reaches the image.
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/*
 COPY pyproject.toml setup.py README.md /src/
@@ -22,9 +22,11 @@ COPY stats /src/stats
 COPY daemon /src/daemon
 COPY classifier /src/classifier
 COPY exporters /src/exporters
+COPY lab /src/lab
+COPY cli /src/cli
 # The replay engine is optional in a plain install; the image must have it.
 RUN pip install --no-deps "/src[classifier]" && pip check \
- && python -c "import kvcast.stats._replay"
+ && python -c "import kvcast.stats.native._replay"
 
 FROM ${PYTHON_IMAGE}
 RUN groupadd --system --gid 10001 kvcast \

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from kvcast.exporters.priority import Priority, PriorityIndex
+from kvcast.stats.priority import Priority, PriorityIndex
 
 __all__ = ["INTENT_ATTR", "TURN_ATTR", "IACStrategy", "TreeNodeLike", "install", "tag_path"]
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvcast.exporters.adapters.sglang import HasIndex, _Fixed
-from kvcast.exporters.priority import PriorityIndex
+from kvcast.stats.priority import PriorityIndex
 
 __all__ = ["TAG_ATTR", "BlockTag", "IACFreeBlockQueue"]
 

@@ -26,7 +26,7 @@ from kvcast.classifier.head import HeadMismatch, load_head
 from kvcast.classifier.metrics import paired_difference, report
 from kvcast.classifier.model import IntentClassifier, shipped_head
 from kvcast.classifier.zeroshot import zero_shot_head
-from kvcast.daemon.cli import cli
+from kvcast.cli.main import cli
 from kvcast.stats.taxonomy import INTENTS_30
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "intents" / "requests.jsonl"
@@ -115,7 +115,7 @@ def test_classifier_modules_import_without_torch() -> None:
     code = (
         "import sys; sys.modules['torch'] = None; sys.modules['sentence_transformers'] = None\n"
         "import kvcast.classifier.worker, kvcast.classifier.model, kvcast.classifier.head\n"
-        "import kvcast.daemon.cli\n"
+        "import kvcast.cli.main\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 

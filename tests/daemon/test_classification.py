@@ -16,17 +16,17 @@ import pytest
 from kvcast.classifier.inputs import Window
 from kvcast.classifier.model import Prediction
 from kvcast.classifier.worker import Worker
-from kvcast.daemon.bench.processes import DaemonProcess
 from kvcast.daemon.classification import ClassifierStage, LatencyHistogram
-from kvcast.daemon.pipeline import IntentLabeller
 from kvcast.daemon.publisher import Publisher
 from kvcast.daemon.runner import Daemon
 from kvcast.daemon.settings import DaemonSettings
 from kvcast.daemon.sources import ReplaySource
 from kvcast.daemon.stores.memory import MemoryStore
 from kvcast.exporters.metrics import build_registry
+from kvcast.lab.bench.processes import DaemonProcess
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.events import parse_event
+from kvcast.stats.labeller import IntentLabeller
 
 
 class KeywordClassifier:

@@ -19,9 +19,10 @@ import orjson
 import pytest
 from kafka import KafkaProducer
 
-from kvcast.daemon.bench.processes import DaemonProcess
-from kvcast.daemon.bench.soak import STATS_FLAGS, Records, compare, stored_offsets, wait_consumed
-from kvcast.stats.generator import generate, preset
+from kvcast.lab.bench.processes import DaemonProcess
+from kvcast.lab.bench.soak import STATS_FLAGS, Records, compare, stored_offsets, wait_consumed
+from kvcast.lab.workload.generator import generate
+from kvcast.lab.workload.presets import preset
 
 pytestmark = pytest.mark.integration
 

@@ -36,10 +36,10 @@ def test_replay_command_tunes_and_importing_the_library_does_not(tmp_path) -> No
     )
     code = (
         "import gc, sys\n"
-        "import kvcast.daemon.pipeline, kvcast.stats.engine, kvcast.daemon.runner\n"
+        "import kvcast.stats.replay, kvcast.stats.engine, kvcast.daemon.runner\n"
         "print(gc.get_threshold()[0])\n"
         "from click.testing import CliRunner\n"
-        "from kvcast.daemon.cli import cli\n"
+        "from kvcast.cli.main import cli\n"
         "result = CliRunner().invoke(cli, ['replay', sys.argv[1]])\n"
         "assert result.exit_code == 0, result.output\n"
         "print(gc.get_threshold()[0])\n"

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 from kafka.errors import KafkaError
 
-from kvcast.daemon.cli import cli
+from kvcast.cli.main import cli
 from kvcast.daemon.settings import DaemonSettings
 from kvcast.daemon.sources import open_source
 

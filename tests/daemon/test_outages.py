@@ -14,15 +14,16 @@ import pytest
 import redis
 from kafka.admin import KafkaAdminClient, NewTopic
 
-from kvcast.daemon.bench.processes import DaemonProcess, wait_until
-from kvcast.daemon.bench.soak import Records, compare, wait_consumed
+from kvcast.lab.bench.processes import DaemonProcess, wait_until
+from kvcast.lab.bench.soak import Records, compare, wait_consumed
 from tests.support import produce, readiness
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_store_and_broker_outages_lose_nothing(own_redis, own_broker, tmp_path) -> None:
-    from kvcast.stats.generator import generate, preset
+    from kvcast.lab.workload.generator import generate
+    from kvcast.lab.workload.presets import preset
 
     address, broker = own_broker
     topic = "requests"

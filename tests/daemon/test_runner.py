@@ -8,16 +8,17 @@ from dataclasses import replace
 
 import pytest
 
-from kvcast.daemon.pipeline import Pipeline
 from kvcast.daemon.publisher import Publisher
 from kvcast.daemon.runner import Daemon
 from kvcast.daemon.settings import DaemonSettings
 from kvcast.daemon.sources import ReplaySource
 from kvcast.daemon.stores import StoreUnavailable
 from kvcast.daemon.stores.memory import MemoryStore
+from kvcast.lab.workload.generator import generate
+from kvcast.lab.workload.presets import preset
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.engine import StatsEngine
-from kvcast.stats.generator import generate, preset
+from kvcast.stats.replay import Pipeline
 from kvcast.stats.snapshot import take_snapshot
 
 STATS = StatsConfig(completion_timeout_s=900, allowed_lateness_s=30)

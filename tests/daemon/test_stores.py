@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from kvcast.daemon.stores import StaleOwner, StateStore, open_store
+from kvcast.lab.workload.generator import generate
+from kvcast.lab.workload.presets import preset
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.engine import StatsEngine
 from kvcast.stats.events import Event, parse_event
-from kvcast.stats.generator import generate, preset
 from kvcast.stats.partition import PartitionEngine
 from kvcast.stats.snapshot import take_snapshot
 from tests.support import canonical

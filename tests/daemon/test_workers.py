@@ -15,12 +15,12 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from kvcast.daemon.bench.processes import DaemonProcess, wait_until
-from kvcast.daemon.bench.soak import FAST_FLAGS, STATS_FLAGS, Producer, compare, wait_consumed
-from kvcast.daemon.bench.soak import workload as soak_workload
-from kvcast.daemon.commands.run import run
+from kvcast.cli.commands.run import run
 from kvcast.daemon.settings import DaemonSettings
 from kvcast.daemon.workers import merge_views
+from kvcast.lab.bench.processes import DaemonProcess, wait_until
+from kvcast.lab.bench.soak import FAST_FLAGS, STATS_FLAGS, Producer, compare, wait_consumed
+from kvcast.lab.bench.soak import workload as soak_workload
 from tests.support import produce
 
 BUCKETS = [(0.001, 1), (0.01, 3), (float("inf"), 4)]

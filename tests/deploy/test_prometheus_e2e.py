@@ -76,7 +76,7 @@ def kvcast(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVCAST_")}
     args = ["--metrics-addr", "127.0.0.1:0", "--sample-conversations", "300"]
     args += ["--speedup", "5000", "--capacity-blocks", "4", "--refresh-interval", "1"]
-    process = start([sys.executable, "-m", "kvcast.daemon.cli", "run", *args], log, env)
+    process = start([sys.executable, "-m", "kvcast.cli.main", "run", *args], log, env)
     try:
 
         def serving() -> str | None:

@@ -130,7 +130,7 @@ def test_image_requirements_pin_every_dependency() -> None:
 def test_shipped_configs_are_accepted_by_kvcast(config: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVCAST_")}
     args = ["run", "--config", str(config), "--print-config"]
-    out = run([sys.executable, "-m", "kvcast.daemon.cli", *args], env=env)
+    out = run([sys.executable, "-m", "kvcast.cli.main", *args], env=env)
     settings = json.loads(out)
     assert settings["source"].startswith("kafka://")
     assert settings["metrics_addr"] == "0.0.0.0:9400"

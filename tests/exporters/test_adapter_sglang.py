@@ -8,7 +8,7 @@ from typing import Any
 
 from kvcast.exporters.adapters.sglang import IACStrategy, install, tag_path
 from kvcast.exporters.client import TableClient
-from kvcast.exporters.priority import PriorityIndex
+from kvcast.stats.priority import PriorityIndex
 
 
 class Node:

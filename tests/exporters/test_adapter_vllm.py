@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcast.exporters.adapters.vllm import BlockTag, IACFreeBlockQueue
-from kvcast.exporters.priority import PriorityIndex
+from kvcast.stats.priority import PriorityIndex
 
 INDEX = PriorityIndex(
     {"version": 1, "defaults": {"p_continue": 0.5, "median_reuse_s": 150.0}, "states": [

@@ -23,8 +23,9 @@ from kvcast.daemon.stores.instrumented import InstrumentedStore
 from kvcast.daemon.stores.memory import MemoryStore
 from kvcast.exporters.http_server import HttpServer
 from kvcast.exporters.metrics import METRICS, build_registry
+from kvcast.lab.workload.generator import generate
+from kvcast.lab.workload.presets import preset
 from kvcast.stats.config import StatsConfig
-from kvcast.stats.generator import generate, preset
 
 # SPEC section 6: these names (and their types) are a contract.
 SPEC_METRICS = {

@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from kvcast.daemon.bench.processes import free_port
+from kvcast.lab.bench.processes import free_port
 from tests.services import listening, tansu_binary
 
 

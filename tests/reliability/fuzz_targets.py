@@ -310,10 +310,11 @@ def make_pipeline_target():
 
     import atheris
 
-    from kvcast.daemon.pipeline import IntentLabeller, Pipeline
     from kvcast.stats import engine as engine_module
     from kvcast.stats.config import StatsConfig
     from kvcast.stats.events import REJECT_REASONS
+    from kvcast.stats.labeller import IntentLabeller
+    from kvcast.stats.replay import Pipeline
 
     engine_module.EXPIRE_EVERY_COMPLETIONS = FUZZ_EXPIRE_EVERY_COMPLETIONS
     reasons = frozenset(REJECT_REASONS)

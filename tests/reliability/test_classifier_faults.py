@@ -18,7 +18,6 @@ from kvcast.classifier.inputs import Window
 from kvcast.classifier.model import Prediction
 from kvcast.classifier.worker import Worker
 from kvcast.daemon.classification import ClassifierStage, LatencyHistogram
-from kvcast.daemon.pipeline import IntentLabeller, Pipeline
 from kvcast.daemon.publisher import Publisher
 from kvcast.daemon.runner import Daemon
 from kvcast.daemon.settings import DaemonSettings
@@ -27,6 +26,8 @@ from kvcast.daemon.stores.memory import MemoryStore
 from kvcast.exporters.metrics import build_registry
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.engine import StatsEngine
+from kvcast.stats.labeller import IntentLabeller
+from kvcast.stats.replay import Pipeline
 from kvcast.stats.snapshot import take_snapshot
 from tests.reliability.tally import TALLY
 

@@ -26,8 +26,8 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 
-from kvcast.daemon.bench.processes import DaemonProcess, wait_until
-from kvcast.daemon.bench.soak import (
+from kvcast.lab.bench.processes import DaemonProcess, wait_until
+from kvcast.lab.bench.soak import (
     FAST_FLAGS,
     STATS_FLAGS,
     Producer,

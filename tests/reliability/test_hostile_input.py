@@ -17,8 +17,8 @@ import tracemalloc
 import orjson
 import pytest
 
-from kvcast.daemon.bench.processes import DaemonProcess
-from kvcast.daemon.bench.soak import (
+from kvcast.lab.bench.processes import DaemonProcess
+from kvcast.lab.bench.soak import (
     FAST_FLAGS,
     STATS_FLAGS,
     Records,

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from kvcast.daemon.bench.processes import DaemonProcess
 from kvcast.exporters.http_server import REQUEST_TIMEOUT_S
+from kvcast.lab.bench.processes import DaemonProcess
 from tests.reliability.tally import TALLY
 
 pytestmark = pytest.mark.slow

@@ -23,8 +23,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from kvcast.daemon.bench.processes import DaemonProcess, wait_until
-from kvcast.daemon.bench.soak import workload
+from kvcast.lab.bench.processes import DaemonProcess, wait_until
+from kvcast.lab.bench.soak import workload
 from tests.reliability.tally import TALLY
 from tests.services import missing
 
@@ -131,7 +131,7 @@ exec "$@"
 def test_the_daemon_runs_on_a_full_disk_with_the_classifier(
     tmp_path: Path, kafka_bootstrap, kafka_topic, redis_url, redis_client, redis_namespace
 ) -> None:
-    from kvcast.daemon.bench.soak import compare, wait_consumed
+    from kvcast.lab.bench.soak import compare, wait_consumed
     from tests.support import produce
 
     probe = ["unshare", "--user", "--map-root-user", "--mount", "true"]

@@ -20,8 +20,8 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 
-from kvcast.daemon.bench.processes import DaemonProcess, wait_until
-from kvcast.daemon.bench.soak import Records, wait_consumed, workload
+from kvcast.lab.bench.processes import DaemonProcess, wait_until
+from kvcast.lab.bench.soak import Records, wait_consumed, workload
 from tests.reliability.tally import TALLY
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

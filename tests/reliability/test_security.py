@@ -17,9 +17,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from kvcast.daemon.bench.processes import DaemonProcess, OwnRedis, free_port, wait_until
-from kvcast.daemon.bench.soak import workload
 from kvcast.daemon.settings import DaemonSettings, redact_url
+from kvcast.lab.bench.processes import DaemonProcess, OwnRedis, free_port, wait_until
+from kvcast.lab.bench.soak import workload
 from tests.reliability.tally import TALLY
 from tests.services import missing
 
@@ -28,7 +28,7 @@ PASSWORD = "pw-Zx81-tOp-sEcReT"
 
 def kvcast(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "kvcast.daemon.cli", *args],
+        [sys.executable, "-m", "kvcast.cli.main", *args],
         capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})},
     )  # fmt: skip
 

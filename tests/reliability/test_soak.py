@@ -1,4 +1,4 @@
-"""The soak (``python -m kvcast.daemon.bench.soak``) in a short version: about a minute of
+"""The soak (``python -m kvcast.lab.bench.soak``) in a short version: about a minute of
 steady load with kill -9 of the daemon and Redis restarts (SIGTERM and SIGKILL alternately);
 the published statistics must equal the offline reference at the end."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvcast.daemon.bench.soak import SoakResult, soak
+from kvcast.lab.bench.soak import SoakResult, soak
 from tests.reliability.tally import TALLY
 
 

@@ -7,10 +7,11 @@ import math
 import numpy as np
 import pytest
 
+from kvcast.lab.workload.generator import generate, ground_truth
+from kvcast.lab.workload.presets import preset
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.engine import StatsEngine
 from kvcast.stats.events import parse_event
-from kvcast.stats.generator import generate, ground_truth, preset
 
 # Generated delays can exceed the product's 1800 s default; a longer timeout keeps every
 # generated conversation whole so the truth applies unchanged.

@@ -1,0 +1,1 @@
+"""One module per CLI subcommand; ``kvcast.cli.main`` assembles them."""

@@ -1,0 +1,128 @@
+"""``kvcast bench``: measured figures, each against a baseline timed in the same run."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any
+
+import click
+import orjson
+
+from kvcast.daemon.gc_tuning import tune_for_streaming
+from kvcast.lab.bench.client_bench import run_client_bench
+from kvcast.lab.bench.machine import describe_machine, machine_line
+from kvcast.lab.bench.throughput import run_throughput
+from kvcast.lab.reports.validation import ValidationGrid, measure_speed, run_validation
+
+SUITES = ("throughput", "solver", "client", "classifier", "policies", "validation", "daemon")
+# "classifier" loads the model, "policies" and "validation" take minutes and "daemon" needs a
+# broker and a Redis: ask for them by name.
+DEFAULT_SUITES = ("throughput", "solver", "client")
+
+
+def _markdown(rows: list[tuple[str, str, str, str]]) -> str:
+    lines = ["| benchmark | figure | baseline (same run) | ratio |", "|---|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
+    return "\n".join(lines)
+
+
+@click.command("bench")
+@click.option(
+    "--suite",
+    "suites",
+    type=click.Choice(SUITES),
+    multiple=True,
+    help="Suites to run (repeatable; default: " + ", ".join(DEFAULT_SUITES) + ").",
+)
+@click.option(
+    "--conversations",
+    type=click.IntRange(min=100),
+    default=20_000,
+    show_default=True,
+    help="Conversations in the throughput workload.",
+)
+@click.option(
+    "--kafka",
+    default="127.0.0.1:19092",
+    show_default=True,
+    envvar="KVCAST_BENCH_KAFKA",
+    help="Broker for the daemon suite.",
+)
+@click.option(
+    "--redis",
+    "redis_url",
+    default="redis://127.0.0.1:6379/0",
+    show_default=True,
+    envvar="KVCAST_BENCH_REDIS",
+    help="Redis for the daemon suite.",
+)
+@click.option(
+    "--quick", is_flag=True, help="Validation and policies suites: the small grids of the tests."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object of figures.")
+def bench(
+    suites: tuple[str, ...],
+    conversations: int,
+    kafka: str,
+    redis_url: str,
+    quick: bool,
+    as_json: bool,
+) -> None:
+    """Run the benchmark suites; print a Markdown table (the README's) or JSON."""
+    tune_for_streaming()  # the figures are those of `kvcast run` and `kvcast replay`
+    chosen = suites or DEFAULT_SUITES
+    machine = describe_machine()
+    results: dict[str, Any] = {"machine": machine}
+    rows: list[tuple[str, str, str, str]] = []
+    if "throughput" in chosen:
+        throughput = run_throughput(conversations=conversations)
+        results["throughput"] = throughput.to_dict()
+        rows += throughput.rows()
+    if "solver" in chosen and "validation" not in chosen:
+        speed = measure_speed()
+        results["solver"] = {**dataclasses.asdict(speed), "ratio": speed.ratio}
+        rows.append(
+            (
+                f"capacity curve, {speed.points} points, {speed.delays:,} delays",
+                f"{speed.exact_s * 1e3:.2f} ms (exact piecewise-linear solver)",
+                f"{speed.naive_s * 1e3:.0f} ms (brentq per point, numpy d(T))",
+                f"{speed.ratio:,.0f}x",
+            )
+        )
+    if "client" in chosen:
+        client = run_client_bench()
+        results["client"] = client.to_dict()
+        rows += client.rows()
+    if "classifier" in chosen:
+        from kvcast.lab.bench.classifier_bench import run_classifier_bench
+
+        classifier = run_classifier_bench()
+        results["classifier"] = classifier.to_dict()
+        rows += classifier.rows()
+    if "policies" in chosen:
+        from kvcast.lab.reports.policy_report import run_policy_report
+
+        policies = run_policy_report(quick=quick, progress=lambda line: click.echo(line, err=True))
+        results["policies"] = policies.to_dict()
+        rows += policies.rows()
+        if not as_json:
+            click.echo(policies.to_markdown())
+    if "validation" in chosen:
+        grid = ValidationGrid.quick() if quick else ValidationGrid()
+        report = run_validation(grid, progress=lambda line: click.echo(line, err=True))
+        results["validation"] = report.to_dict()
+        rows += report.rows()
+        if not as_json:
+            click.echo(report.to_markdown())
+    if "daemon" in chosen:
+        from kvcast.lab.bench.daemon_bench import run_daemon_bench
+
+        daemon = run_daemon_bench(kafka, redis_url)
+        results["daemon"] = dataclasses.asdict(daemon)
+        rows += daemon.rows()
+    if as_json:
+        sys.stdout.buffer.write(orjson.dumps(results, option=orjson.OPT_INDENT_2) + b"\n")
+    else:
+        click.echo(_markdown(rows))
+        click.echo(f"\n{machine_line(machine)}")

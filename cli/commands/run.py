@@ -1,0 +1,320 @@
+"""``kvcast run``: the daemon (SPEC sections 6-7).
+
+Without ``--source`` it runs the embedded default: a generated intent-mixed workload replayed
+in accelerated event time through the full pipeline, the in-memory store, HTTP on
+127.0.0.1:9400 and a status line every few seconds. With ``--source kafka://...`` and
+``--store redis://...`` it is the production sidecar.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+
+from kvcast.cli.demo import demo_source
+from kvcast.cli.options import capacity_options, envvar_for, pop_stats_config, stats_options
+from kvcast.daemon.gc_tuning import tune_for_streaming
+from kvcast.daemon.instance import build_instance, open_store_and_source
+from kvcast.daemon.settings import MAX_WORKERS, DaemonSettings, redact_url
+from kvcast.daemon.workers import WorkerPool
+from kvcast.exporters.http_server import HttpServer
+from kvcast.exporters.metrics import build_registry
+
+_DEFAULTS = DaemonSettings()
+# Defaults that depend on other settings: None on the command line, resolved by DaemonSettings.
+_DERIVED = frozenset({"group_id"})
+
+# (flag, settings field, click type, help); each reads KVCAST_<FLAG> from the environment.
+_RUN_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
+    ("--source", "source", str, "kafka://HOST:PORT/TOPIC or file://PATH; none: embedded default."),
+    ("--store", "store", str, "memory:// or redis://[:PASSWORD@]HOST:PORT/DB (rediss:// for TLS)."),
+    (
+        "--group-id",
+        "group_id",
+        str,
+        "Kafka consumer group (default: kvcast.NAMESPACE.TOPIC, one per deployment).",
+    ),
+    ("--namespace", "namespace", str, "Prefix of every Redis key."),
+    ("--metrics-addr", "metrics_addr", str, "HOST:PORT of the HTTP server (/metrics, /v1/...)."),
+    (
+        "--workers",
+        "workers",
+        click.IntRange(min=1, max=MAX_WORKERS),
+        "Processes consuming for this instance (kafka:// and redis:// only); see README.",
+    ),
+    (
+        "--commit-interval",
+        "commit_interval_s",
+        click.FloatRange(min=0, min_open=True),
+        "Seconds between atomic state commits.",
+    ),
+    (
+        "--commit-max-events",
+        "commit_max_events",
+        click.IntRange(min=1),
+        "Commit after this many events even before the interval.",
+    ),
+    (
+        "--max-uncommitted-events",
+        "max_uncommitted_events",
+        click.IntRange(min=1),
+        "Stop consuming while this many applied events await the store.",
+    ),
+    (
+        "--refresh-interval",
+        "refresh_interval_s",
+        click.FloatRange(min=0, min_open=True),
+        "Seconds between forecast recomputations.",
+    ),
+    (
+        "--table-interval",
+        "table_interval_s",
+        click.FloatRange(min=0, min_open=True),
+        "Minimum seconds between table publications (only when it changed).",
+    ),
+    (
+        "--status-interval",
+        "status_interval_s",
+        click.FloatRange(min=0, min_open=True),
+        "Seconds between status lines.",
+    ),
+    (
+        "--max-backoff",
+        "max_backoff_s",
+        click.FloatRange(min=0, min_open=True),
+        "Longest wait (s) between retries while the store is unreachable.",
+    ),
+    (
+        "--shutdown-timeout",
+        "shutdown_timeout_s",
+        click.FloatRange(min=0, min_open=True),
+        "Seconds SIGTERM may spend storing what was applied.",
+    ),
+    (
+        "--classifier",
+        "classifier",
+        click.Choice(["off", "auto", "on"]),
+        "Classify events without an intent: auto = when installed (never for the embedded"
+        " default, whose events carry intents).",
+    ),
+    (
+        "--classifier-budget",
+        "classifier_budget_s",
+        click.FloatRange(min=0, min_open=True),
+        "Seconds a poll's events may wait for the classifier; the rest count as unknown.",
+    ),
+    ("--classifier-backbone", "classifier_backbone", str, "Embedding model: local path or name."),
+    ("--classifier-head", "classifier_head", str, "Trained head file (default: shipped)."),
+    ("--taxonomy", "taxonomy", click.Choice(["30", "20", "10"]), "Intent categories."),
+    (
+        "--kafka-security-protocol",
+        "kafka_security_protocol",
+        click.Choice(["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]),
+        "Kafka connection security (kafka-python's security_protocol).",
+    ),
+    (
+        "--kafka-sasl-mechanism",
+        "kafka_sasl_mechanism",
+        click.Choice(["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]),
+        "Kafka SASL mechanism.",
+    ),
+    ("--kafka-sasl-username", "kafka_sasl_username", str, "Kafka SASL user."),
+    (
+        "--kafka-sasl-password",
+        "kafka_sasl_password",
+        str,
+        "Kafka SASL password; set it in the environment variable rather than on the command line.",
+    ),
+    ("--kafka-ssl-cafile", "kafka_ssl_cafile", str, "CA certificate file for Kafka TLS."),
+    ("--kafka-ssl-certfile", "kafka_ssl_certfile", str, "Client certificate file for Kafka TLS."),
+    ("--kafka-ssl-keyfile", "kafka_ssl_keyfile", str, "Client key file for Kafka TLS."),
+    (
+        "--speedup",
+        "speedup",
+        click.FloatRange(min=0, min_open=True),
+        "Embedded default: event-time seconds replayed per wall second.",
+    ),
+    (
+        "--sample-conversations",
+        "sample_conversations",
+        click.IntRange(min=1),
+        "Embedded default: conversations in the generated workload.",
+    ),
+)
+
+
+def _load_config(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """Eager: a TOML file becomes click's default_map (below env and flags, above defaults)."""
+    if value is None:
+        return None
+    try:
+        data = tomllib.loads(value.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise click.BadParameter(f"{value}: {exc}", ctx, param) from None
+    # A key may be the flag's name (capacity-blocks) or the setting's (commit_interval_s).
+    aliases: dict[str, str] = {}
+    for option in ctx.command.params:
+        if option.name and option.name not in ("config", "as_json", "print_config"):
+            aliases[option.name] = option.name
+            for flag in option.opts:
+                aliases[flag.lstrip("-").replace("-", "_")] = option.name
+    defaults: dict[str, Any] = {}
+    for key, setting in data.items():
+        name = aliases.get(key.replace("-", "_"))
+        if name is None:
+            raise click.BadParameter(f"{value}: unknown setting {key!r}", ctx, param)
+        defaults[name] = setting
+    ctx.default_map = {**(ctx.default_map or {}), **defaults}
+    return value
+
+
+def _run_options(command: Any) -> Any:
+    for flag, name, kind, help_text in reversed(_RUN_FLAGS):
+        default = None if name in _DERIVED else getattr(_DEFAULTS, name)
+        command = click.option(
+            flag,
+            name,
+            type=kind,
+            default=default,
+            show_default=default is not None,
+            envvar=envvar_for(flag),
+            show_envvar=True,
+            help=help_text,
+        )(command)
+    return command
+
+
+@click.command("run")
+@click.option(
+    "--config",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    callback=_load_config,
+    is_eager=True,
+    expose_value=False,
+    envvar="KVCAST_CONFIG",
+    show_envvar=True,
+    help="TOML file of settings (keys are flag names); flags and KVCAST_* win over it.",
+)
+@_run_options
+@stats_options
+@capacity_options
+@click.option(
+    "--target-hit-ratio",
+    "target_hit_ratios",
+    type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
+    multiple=True,
+    default=_DEFAULTS.target_hit_ratios,
+    show_default=True,
+    help="Hit ratios to report the needed capacity for (repeatable).",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+    envvar="KVCAST_LOG_LEVEL",
+    show_envvar=True,
+)
+@click.option(
+    "--print-config",
+    is_flag=True,
+    help="Print the resolved settings (flags > KVCAST_* > --config file > defaults) and exit.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Status lines as JSON objects.")
+def run(log_level: str, as_json: bool, print_config: bool, **kwargs: Any) -> None:
+    """Run the daemon: consume events, keep statistics, publish forecast and table."""
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # kafka-python's debug log dumps raw fetch responses, i.e. the events' user text: never.
+    logging.getLogger("kafka").setLevel(max(logging.INFO, logging.getLevelName(log_level.upper())))
+    stats = pop_stats_config(kwargs)
+    kwargs["target_hit_ratios"] = tuple(kwargs["target_hit_ratios"])
+    kwargs["taxonomy"] = int(kwargs["taxonomy"])
+    try:
+        settings = DaemonSettings(stats=stats, **kwargs)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    if print_config:
+        resolved = dataclasses.asdict(settings)
+        resolved["store"] = redact_url(settings.store)
+        if settings.kafka_sasl_password is not None:
+            resolved["kafka_sasl_password"] = "***"
+        click.echo(orjson.dumps(resolved, option=orjson.OPT_INDENT_2).decode())
+        return
+    try:
+        store, source = open_store_and_source(settings, demo_source)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    tune_for_streaming()
+    sys.exit(serve(settings, store, source, status_json=as_json, log_level=log_level))
+
+
+def serve(
+    settings: DaemonSettings,
+    store: Any,
+    source: Any,
+    status_json: bool = False,
+    log_level: str = "info",
+) -> int:
+    """Wire this process, its workers, HTTP and signals; run until SIGTERM/SIGINT."""
+    try:
+        instance = build_instance(settings, store, source, status_out=sys.stdout)
+    except RuntimeError as exc:
+        raise click.UsageError(f"--classifier on: {exc}") from None
+    daemon, publisher = instance.daemon, instance.publisher
+    daemon.status_json = status_json
+    pool = None
+    if settings.workers > 1:
+
+        def worker_failed(reason: str) -> None:
+            publisher.set_component("workers", reason)  # /readyz names it while draining
+            daemon.request_stop()
+
+        pool = WorkerPool(settings, log_level, on_failure=worker_failed)
+        publisher.set_component("workers", "ok")
+    view = (
+        publisher.metrics_view
+        if pool is None
+        else lambda: pool.merge_into(publisher.metrics_view())
+    )
+    host, port = settings.http_host_port()
+    http = HttpServer(host, port, publisher, build_registry(view))
+    try:
+        http.start()
+    except OSError as exc:
+        instance.close()
+        raise click.UsageError(f"--metrics-addr {settings.metrics_addr}: {exc}") from None
+
+    def stop(*_: object) -> None:
+        daemon.request_stop()
+        if pool is not None:
+            pool.request_stop()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop)
+    mode = "embedded default" if settings.embedded else f"source {settings.source}"
+    workers = f", {settings.workers} processes" if pool is not None else ""
+    click.echo(
+        f"kvcast: {mode}, store {redact_url(settings.store)}{workers}, serving {http.url}",
+        err=True,
+    )
+    code = 1
+    try:
+        if pool is not None:
+            pool.start()
+        code = daemon.run()
+    finally:
+        if pool is not None:
+            code = max(code, pool.stop(settings.shutdown_timeout_s + 10))
+        http.close()
+        instance.close()
+    return code

@@ -1,0 +1,1 @@
+"""Validation of the forecast and sweeps of the eviction policies, with their plots."""

@@ -1,0 +1,147 @@
+"""The policy report: hit ratio against capacity for every block policy, and the forecast
+against simulated LRU, on the Mooncake synthetic trace and on generated intent-mixed workloads.
+
+Hit ratios are reused input blocks / input blocks over the measured conversations (warm-up and
+cool-down 0.2 of first-turn times). The IAC table is learned from the first 0.2 of the
+conversations (the warm-up, so learning and measuring never share a conversation); the forecast
+comes from the statistics of the whole trace, as ``docs/validation.md`` does.
+
+``python -m kvcast.lab.reports.policy_report [--quick] [--out docs]`` writes
+``policies.md`` tables to stdout and ``policies_*.png`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from kvcast.lab.reports.policy_plot import plot_report
+from kvcast.lab.reports.policy_results import ForecastRow, PolicyRow, Report, Workload
+from kvcast.lab.reports.validation import sample_from_events
+from kvcast.lab.sim.block_cache import block_layout
+from kvcast.lab.sim.registry import simulate
+from kvcast.lab.sim.trace import SimTrace
+from kvcast.lab.traces import convert_mooncake
+from kvcast.lab.workload.generator import generate
+from kvcast.lab.workload.presets import preset
+from kvcast.stats.forecast import forecast_from_sample
+
+MOONCAKE = Path(__file__).resolve().parents[3] / "shared" / "data"  # ../shared/data
+MOONCAKE_FILE = "mooncake_synthetic_trace.jsonl"
+# (label, policy, options): every column of the policy table.
+POLICY_SET: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("LRU", "lru", {}),
+    ("LFU", "lfu", {}),
+    ("GDSF", "gdsf", {}),
+    ("IAC", "iac", {}),
+    ("IAC size=request", "iac", {"size": "request"}),
+    ("IAC rolling", "iac-rolling", {}),
+    ("TB+S", "tbs", {}),
+)
+
+
+def mooncake_workload(path: Path | None = None, match: str = "hashable") -> Workload:
+    """The Mooncake synthetic trace (512-token blocks), conversations by ``match``."""
+    path = path or MOONCAKE / MOONCAKE_FILE
+    with open(path, "rb") as fh:
+        records = [(k, orjson.loads(line)) for k, line in enumerate(fh, 1) if line.strip()]
+    events, summary = convert_mooncake(records, match=match)
+    trace = SimTrace.from_columns(
+        [e["session_id"] for e in events],
+        [e["turn"] for e in events],
+        [e["timestamp"] for e in events],
+        [e["input_tokens"] for e in events],
+        512,
+        block_hashes=[e["block_hashes"] for e in events],
+    )
+    desc = (
+        f"Mooncake synthetic trace: {summary.records:,} requests, 512-token blocks, "
+        f"{summary.conversations:,} conversations recovered (match={match}, "
+        f"{summary.events - summary.conversations:,} continuations, up to {summary.max_turn} "
+        "turns); blocks shared across conversations by their hash_ids."
+    )
+    caps = (500, 1000, 2000, 4000, 8000, 16000, 32000)
+    return Workload("mooncake", desc, events, trace, 512, caps)
+
+
+def generated_workload(
+    name: str = "mixed", lambda0: float = 2.0, conversations: int = 8000, seed: int = 7
+) -> Workload:
+    """A generated intent-mixed workload (16-token blocks; ``kvcast.lab.workload.generator``)."""
+    gen = generate(preset(name), lambda0=lambda0, conversations=conversations, seed=seed)
+    desc = (
+        f"generated `{name}` preset: {conversations:,} conversations at lambda0 = {lambda0}/s "
+        f"(seed {seed}), {len(gen):,} requests, 16-token blocks, one chain per conversation."
+    )
+    caps = (250, 500, 1000, 2000, 4000, 8000, 16000)
+    return Workload(name, desc, list(gen.events()), gen.sim_trace(), 16, caps)
+
+
+def run_policy_report(
+    workloads: Sequence[Workload] | None = None,
+    policies: Sequence[tuple[str, str, dict[str, Any]]] = POLICY_SET,
+    quick: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> Report:
+    """Sweep every policy over every workload's capacities; forecast against LRU."""
+    start = time.perf_counter()
+    if workloads is None:
+        convs = 2000 if quick else 8000
+        workloads = [mooncake_workload(), generated_workload("mixed", conversations=convs)]
+    report = Report()
+    for wl in workloads:
+        report.workloads[wl.name] = wl.description
+        layout = block_layout(wl.trace)
+        sample = sample_from_events(wl.events, wl.block_size)
+        for n in wl.capacities:
+            for label, policy, options in policies:
+                res = simulate(wl.trace, n, policy, "block", layout=layout, **options)
+                report.policies.append(PolicyRow(wl.name, n, label, res.hit_ratio, res.elapsed_s))
+                if progress is not None:
+                    progress(f"{wl.name} N={n} {label}: {res.hit_ratio:.3f}")
+            conv = simulate(wl.trace, n, "lru", "conversation").hit_ratio
+            fc = forecast_from_sample(sample, n, wl.block_size)
+            report.forecasts.append(
+                ForecastRow(
+                    wl.name,
+                    n,
+                    fc.hit_ratio,
+                    fc.hit_ratio_single_class,
+                    report.hit(wl.name, n, "LRU"),
+                    conv,
+                )
+            )
+    report.elapsed_s = time.perf_counter() - start
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smaller generated workload")
+    parser.add_argument("--out", default="docs", help="directory for the PNG figures")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
+    args = parser.parse_args(argv)
+    tty = sys.stderr.isatty()
+    report = run_policy_report(
+        quick=args.quick,
+        progress=(lambda m: print(f"\r{m:<60}", end="", file=sys.stderr)) if tty else None,
+    )
+    if tty:
+        print(file=sys.stderr)
+    paths = plot_report(report, args.out)
+    if args.json:
+        print(orjson.dumps(report.to_dict()).decode())
+    else:
+        print(report.to_markdown())
+        print("figures: " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

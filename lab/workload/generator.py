@@ -1,0 +1,420 @@
+"""Synthetic workloads from the mean-field paper's multi-turn conversation model, with intents.
+
+Conversations arrive as a Poisson process of rate ``lambda0`` (per second). Each draws an intent
+from a mix; the intent fixes its turn-count law (continuation probability after turn t), its
+inter-turn delays ``W_t`` (seconds; exponential or log-normal, per turn), its block increments
+``Z_j >= 1`` (KV blocks) and its output tokens. Turn j carries ``R_j = sum_{l<=j} Z_l`` blocks and
+``input_tokens`` with ``ceil(input_tokens / block_size) == R_j`` exactly.
+
+Everything is drawn from one seeded ``numpy.random.Generator``: the same model, parameters and
+seed give the same trace. No file I/O here: ``Trace.jsonl_lines()`` yields bytes to write.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import orjson
+from numpy.typing import NDArray
+from scipy.special import ndtr
+
+from kvcast.lab.workload.prompts import prompt_text
+
+if TYPE_CHECKING:
+    from kvcast.lab.sim.trace import SimTrace
+    from kvcast.stats.delays import DelayDistribution
+
+_LOGNORMAL = 1  # delay kind code in the sampling tables (0: exponential)
+
+
+@dataclass(frozen=True)
+class Delay:
+    """Inter-turn delay law, seconds: ``exp`` (``a`` = mean) or ``lognormal`` (``a`` = mu,
+    ``b`` = sigma of log seconds)."""
+
+    kind: str
+    a: float
+    b: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("exp", "lognormal"):
+            raise ValueError(f"delay kind must be exp or lognormal, got {self.kind!r}")
+        if self.kind == "exp" and not self.a > 0:
+            raise ValueError("exponential delay mean must be > 0")
+        if self.kind == "lognormal" and not self.b > 0:
+            raise ValueError("log-normal sigma must be > 0")
+
+    @classmethod
+    def exp(cls, mean_s: float) -> Delay:
+        return cls("exp", float(mean_s))
+
+    @classmethod
+    def lognormal(cls, mu: float, sigma: float) -> Delay:
+        return cls("lognormal", float(mu), float(sigma))
+
+    def scaled(self, factor: float) -> Delay:
+        """The same law with every delay multiplied by ``factor``."""
+        if self.kind == "exp":
+            return Delay("exp", self.a * factor)
+        return Delay("lognormal", self.a + math.log(factor), self.b)
+
+    @property
+    def median_s(self) -> float:
+        return self.a * math.log(2.0) if self.kind == "exp" else math.exp(self.a)
+
+    @property
+    def mean_s(self) -> float:
+        return self.a if self.kind == "exp" else math.exp(self.a + self.b**2 / 2)
+
+    def distribution(self) -> DelayDistribution:
+        """The same law as a ``kvcast.stats.delays`` distribution (for the forecast)."""
+        from kvcast.stats.delays import Exponential, LogNormal
+
+        return Exponential(self.a) if self.kind == "exp" else LogNormal(self.a, self.b)
+
+    def cdf(self, x: NDArray[np.float64] | float) -> NDArray[np.float64]:
+        x = np.maximum(np.asarray(x, dtype=np.float64), 0.0)
+        if self.kind == "exp":
+            return -np.expm1(-x / self.a)
+        with np.errstate(divide="ignore"):
+            return ndtr((np.log(x) - self.a) / self.b)
+
+    def pdf(self, x: float) -> float:
+        if x <= 0:
+            return 0.0
+        if self.kind == "exp":
+            return math.exp(-x / self.a) / self.a
+        z = (math.log(x) - self.a) / self.b
+        return math.exp(-z * z / 2) / (x * self.b * math.sqrt(2 * math.pi))
+
+
+@dataclass(frozen=True)
+class IntentModel:
+    """One intent's conversations.
+
+    ``p_continue``: P(turn t+1 | turn t), one float (geometric turn count) or a tuple indexed by
+    t-1 whose last value repeats; ``max_turns`` caps M. ``delay``: law of W_t (delay after turn t),
+    one law or a tuple indexed by t-1 (last repeats), times ``delay_growth ** (t-1)``.
+    ``block_mean``: E[Z_j] in blocks (``first_block_mean`` for Z_1 when given); ``block_law``
+    ``poisson`` (Z = 1 + Poisson(mean-1)) or ``geometric`` (Z ~ Geometric(1/mean) on 1, 2, ...).
+    ``output_mean``: mean output tokens (geometric on 1, 2, ...).
+    """
+
+    name: str
+    p_continue: float | tuple[float, ...] = 0.78
+    delay: Delay | tuple[Delay, ...] = Delay("exp", 135.0)
+    delay_growth: float = 1.0
+    block_mean: float = 3.0
+    first_block_mean: float | None = None
+    block_law: str = "poisson"
+    output_mean: float = 250.0
+    max_turns: int = 64
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1:
+            raise ValueError("max_turns must be >= 1")
+        if self.block_law not in ("poisson", "geometric"):
+            raise ValueError(f"block_law must be poisson or geometric, got {self.block_law!r}")
+        if min(self.block_mean, self.first_block_mean or 1.0, self.output_mean) < 1.0:
+            raise ValueError("block and output means must be >= 1")
+        if not all(0.0 <= p <= 1.0 for p in np.atleast_1d(self.p_continue)):
+            raise ValueError("continuation probabilities must lie in [0, 1]")
+
+    def continuation(self) -> NDArray[np.float64]:
+        """P(M >= t+1 | M >= t) for t = 1..max_turns (the last is 0: the cap)."""
+        p = np.atleast_1d(np.asarray(self.p_continue, dtype=np.float64))
+        idx = np.minimum(np.arange(self.max_turns), p.size - 1)
+        out = p[idx].copy()
+        out[-1] = 0.0
+        return out
+
+    def delay_at(self, turn: int) -> Delay:
+        """Law of W_t, the delay between turn ``turn`` and turn ``turn + 1``."""
+        laws = self.delay if isinstance(self.delay, tuple) else (self.delay,)
+        law = laws[min(turn, len(laws)) - 1]
+        return law if self.delay_growth == 1.0 else law.scaled(self.delay_growth ** (turn - 1))
+
+    def block_means(self) -> NDArray[np.float64]:
+        """E[Z_t] for t = 1..max_turns, blocks."""
+        z = np.full(self.max_turns, float(self.block_mean))
+        if self.first_block_mean is not None:
+            z[0] = self.first_block_mean
+        return z
+
+
+@dataclass(frozen=True)
+class WorkloadModel:
+    """A mix of intents: ``weights[k]`` is the share of conversations of ``intents[k]``."""
+
+    intents: tuple[IntentModel, ...]
+    weights: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.intents or len(self.intents) != len(self.weights):
+            raise ValueError("need one weight per intent and at least one intent")
+        if min(self.weights) < 0 or sum(self.weights) <= 0:
+            raise ValueError("weights must be >= 0 with a positive sum")
+        if len({m.name for m in self.intents}) != len(self.intents):
+            raise ValueError("intent names must be unique")
+
+    @classmethod
+    def from_mix(cls, mix: Mapping[str, tuple[IntentModel, float]]) -> WorkloadModel:
+        return cls(tuple(m for m, _ in mix.values()), tuple(w for _, w in mix.values()))
+
+    @property
+    def shares(self) -> NDArray[np.float64]:
+        w = np.asarray(self.weights, dtype=np.float64)
+        return w / w.sum()
+
+
+@dataclass(frozen=True)
+class IntentTruth:
+    """Ground truth of one intent, arrays indexed by t-1 for t = 1..max_turns.
+
+    ``reach[t-1] = S_t = P(M >= t)``; ``p_continue[t-1] = P(M >= t+1 | M >= t)``;
+    ``median_delay_s[t-1]`` = median of W_t; ``mean_blocks[t-1] = E[R_t]``. Moments in blocks
+    per conversation: ``A_R = E sum_j R_j``, ``A_H = E sum_{j<M} R_j``,
+    ``A_H_hash = E sum_{j<M} (R_j - 1)``, ``E_B = E R_M``, ``E_M = E M``.
+    """
+
+    intent: str
+    share: float
+    reach: NDArray[np.float64]
+    p_continue: NDArray[np.float64]
+    median_delay_s: NDArray[np.float64]
+    mean_blocks: NDArray[np.float64]
+    delays: tuple[Delay, ...]
+    A_R: float
+    A_H: float
+    A_H_hash: float
+    E_B: float
+    E_M: float
+
+    def delay_cdf(self, x: NDArray[np.float64] | float) -> NDArray[np.float64]:
+        """CDF of a delay drawn at random among this intent's delays (weights S_{t+1})."""
+        w = self.reach[1:]
+        total = np.zeros_like(np.asarray(x, dtype=np.float64))
+        for wt, law in zip(w, self.delays[:-1], strict=True):
+            if wt > 0:
+                total = total + wt * law.cdf(x)
+        return total / w.sum() if w.sum() > 0 else total
+
+
+def ground_truth(model: WorkloadModel) -> dict[str, IntentTruth]:
+    """Exact per-intent, per-turn parameters of ``model`` (no sampling)."""
+    out: dict[str, IntentTruth] = {}
+    for m, share in zip(model.intents, model.shares, strict=True):
+        p = m.continuation()
+        reach = np.concatenate(([1.0], np.cumprod(p[:-1])))
+        mean_r = np.cumsum(m.block_means())
+        stop = reach * (1.0 - p)  # P(M = t)
+        delays = tuple(m.delay_at(t) for t in range(1, m.max_turns + 1))
+        a_h = float(np.sum(reach[1:] * mean_r[:-1]))
+        out[m.name] = IntentTruth(
+            intent=m.name,
+            share=float(share),
+            reach=reach,
+            p_continue=p,
+            median_delay_s=np.array([d.median_s for d in delays]),
+            mean_blocks=mean_r,
+            delays=delays,
+            A_R=float(np.sum(reach * mean_r)),
+            A_H=a_h,
+            A_H_hash=a_h - float(np.sum(reach[1:])),
+            E_B=float(np.sum(stop * mean_r)),
+            E_M=float(np.sum(reach)),
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A generated trace, one row per request, sorted by timestamp (stable).
+
+    ``conversation`` numbers conversations in arrival order; ``blocks`` is R_j;
+    ``intent`` indexes ``intent_names``; ``cached_tokens`` is None unless requested.
+    """
+
+    conversation: NDArray[np.int64]
+    turn: NDArray[np.int64]
+    timestamp: NDArray[np.float64]
+    input_tokens: NDArray[np.int64]
+    output_tokens: NDArray[np.int64]
+    blocks: NDArray[np.int64]
+    intent: NDArray[np.int64]
+    intent_names: tuple[str, ...]
+    block_size: int
+    conversations: int
+    session_prefix: str = "c"
+    prompt_choice: NDArray[np.int64] | None = None
+    cached_tokens: NDArray[np.int64] | None = None
+    meta: dict[str, object] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.turn.size)
+
+    def sim_trace(self) -> SimTrace:
+        """The simulator's view of this trace (same request order)."""
+        from kvcast.lab.sim.trace import SimTrace
+
+        return SimTrace(
+            conversation=self.conversation,
+            turn=self.turn,
+            timestamp=self.timestamp,
+            blocks=self.blocks,
+            conversations=self.conversations,
+            intent=self.intent,
+            intent_names=self.intent_names,
+        )
+
+    def session_ids(self) -> list[str]:
+        width = max(6, len(str(max(self.conversations - 1, 0))))
+        return [f"{self.session_prefix}{c:0{width}d}" for c in self.conversation.tolist()]
+
+    def events(self) -> Iterator[dict[str, object]]:
+        """Event dicts of the SPEC section 2 contract, in timestamp order."""
+        cols = [
+            a.tolist()
+            for a in (self.turn, self.timestamp, self.input_tokens, self.output_tokens, self.intent)
+        ]
+        choice = self.prompt_choice.tolist() if self.prompt_choice is not None else None
+        cached = self.cached_tokens.tolist() if self.cached_tokens is not None else None
+        for k, sid in enumerate(self.session_ids()):
+            turn, ts, inp, outp, intent = (c[k] for c in cols)
+            ev: dict[str, object] = {
+                "session_id": sid,
+                "turn": turn,
+                "timestamp": ts,
+                "input_tokens": inp,
+                "output_tokens": outp,
+                "request_id": f"{sid}:{turn}",
+                "intent": self.intent_names[intent],
+            }
+            if choice is not None:
+                ev["prompt"] = prompt_text(self.intent_names[intent], turn, choice[k])
+            if cached is not None:
+                ev["cached_tokens"] = cached[k]
+            yield ev
+
+    def jsonl_lines(self) -> Iterator[bytes]:
+        """One orjson-encoded event per line, newline included."""
+        for ev in self.events():
+            yield orjson.dumps(ev) + b"\n"
+
+
+def _within(values: NDArray, starts: NDArray, conv_row: NDArray) -> NDArray:
+    """Exclusive cumulative sum of ``values`` within each conversation's rows."""
+    excl = np.cumsum(values) - values
+    return excl - excl[starts][conv_row]
+
+
+def generate(
+    model: WorkloadModel,
+    *,
+    lambda0: float,
+    duration_s: float | None = None,
+    conversations: int | None = None,
+    seed: int = 0,
+    block_size: int = 16,
+    prompts: bool = False,
+    cached_capacity_blocks: int | None = None,
+    start_time: float = 0.0,
+    session_prefix: str = "c",
+) -> Trace:
+    """Draw a trace: conversations arrive over ``[start_time, start_time + duration_s)`` (a
+    Poisson count) or are ``conversations`` many (Poisson arrivals); every turn of each is kept,
+    so the last events fall after the arrival window. ``cached_tokens`` (when
+    ``cached_capacity_blocks`` is given) = hit blocks of Algorithm 1 at that capacity times
+    ``block_size``, capped at ``input_tokens``."""
+    if not lambda0 > 0 or block_size < 1:
+        raise ValueError("lambda0 must be > 0 and block_size >= 1")
+    if (duration_s is None) == (conversations is None):
+        raise ValueError("give exactly one of duration_s and conversations")
+    rng = np.random.default_rng(seed)
+    if duration_s is not None:
+        n = int(rng.poisson(lambda0 * duration_s))
+        arrival = np.sort(rng.uniform(0.0, duration_s, n))
+    else:
+        n = int(conversations)  # type: ignore[arg-type]
+        arrival = np.cumsum(rng.exponential(1.0 / lambda0, n))
+        arrival -= arrival[0] if n else 0.0
+    arrival += start_time
+    kinds = len(model.intents)
+    intent = rng.choice(kinds, size=n, p=model.shares) if kinds > 1 else np.zeros(n, np.int64)
+
+    max_t = max(m.max_turns for m in model.intents)
+    cont = np.zeros((kinds, max_t))
+    zmean = np.ones((kinds, max_t))
+    zgeo = np.zeros(kinds, dtype=bool)
+    dkind = np.zeros((kinds, max_t), np.int64)
+    da, db = np.ones((kinds, max_t)), np.ones((kinds, max_t))
+    for k, m in enumerate(model.intents):
+        cont[k, : m.max_turns] = m.continuation()
+        zmean[k, : m.max_turns] = m.block_means()
+        zgeo[k] = m.block_law == "geometric"
+        for t in range(1, m.max_turns + 1):
+            d = m.delay_at(t)
+            dkind[k, t - 1], da[k, t - 1], db[k, t - 1] = (d.kind == "lognormal"), d.a, d.b
+
+    # Turn counts: every alive conversation flips its continuation coin after turn t.
+    turns = np.ones(n, np.int64)
+    alive = np.arange(n)
+    for t in range(1, max_t):
+        if alive.size == 0:
+            break
+        alive = alive[rng.random(alive.size) < cont[intent[alive], t - 1]]
+        turns[alive] += 1
+
+    rows = int(turns.sum())
+    starts = (np.cumsum(turns) - turns).astype(np.int64)
+    conv_row = np.repeat(np.arange(n, dtype=np.int64), turns)
+    turn_row = np.arange(rows, dtype=np.int64) - starts[conv_row] + 1
+    ir, ti = intent[conv_row], turn_row - 1
+
+    mean_z = zmean[ir, ti]
+    geo = zgeo[ir]
+    z = np.empty(rows, np.int64)
+    z[~geo] = 1 + rng.poisson(mean_z[~geo] - 1.0)
+    z[geo] = rng.geometric(1.0 / mean_z[geo])
+    blocks = _within(z, starts, conv_row) + z
+
+    expo = rng.standard_exponential(rows)
+    norm = rng.standard_normal(rows)
+    a, b, logn = da[ir, ti], db[ir, ti], dkind[ir, ti] == _LOGNORMAL
+    w = a * expo
+    w[logn] = np.exp(a[logn] + b[logn] * norm[logn])
+    w[turn_row == turns[conv_row]] = 0.0  # no delay after the last turn
+    ts = arrival[conv_row] + _within(w, starts, conv_row)
+
+    input_tokens = (blocks - 1) * block_size + rng.integers(1, block_size + 1, rows)
+    out_mean = np.array([m.output_mean for m in model.intents])[ir]
+    output_tokens = rng.geometric(1.0 / out_mean).astype(np.int64)
+    choice = rng.integers(0, 1 << 30, rows) if prompts else None
+
+    order = np.argsort(ts, kind="stable")
+    trace = Trace(
+        conversation=conv_row[order],
+        turn=turn_row[order],
+        timestamp=ts[order],
+        input_tokens=input_tokens[order],
+        output_tokens=output_tokens[order],
+        blocks=blocks[order],
+        intent=ir[order].astype(np.int64),
+        intent_names=tuple(m.name for m in model.intents),
+        block_size=block_size,
+        conversations=n,
+        session_prefix=session_prefix,
+        prompt_choice=None if choice is None else choice[order],
+        meta={"lambda0": lambda0, "seed": seed, "duration_s": duration_s},
+    )
+    if cached_capacity_blocks is None:
+        return trace
+    from kvcast.lab.sim.lru import lru_conversation_hits
+
+    hits = lru_conversation_hits(trace.conversation, trace.blocks, cached_capacity_blocks)
+    cached = np.minimum(hits * block_size, trace.input_tokens)
+    return Trace(**{**trace.__dict__, "cached_tokens": cached})

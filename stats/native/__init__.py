@@ -1,0 +1,1 @@
+"""The replay engine in C (``_replay.c``), specified against ``kvcast.stats.ingest``."""

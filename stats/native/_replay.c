@@ -1,0 +1,2713 @@
+/*
+ * kvcast.stats.native._replay: a native replay engine giving exactly the results of
+ * stats/replay.py's Pipeline.offer (default IntentLabeller) + StatsEngine.apply/finish.
+ * Wrapped by stats/native/replay.py; tests/stats/native/test_replay.py holds it to the Python
+ * engine.  Lines are parsed as stats/events.py's parse_event does (parse_line).
+ *
+ * The Python modules are the specification; this file mirrors them literally:
+ *   - IntentLabeller.__call__/_bounded          -> apply_event (label decision), label_commit
+ *   - ConversationTracker.observe/_complete_due/flush and _SecondBuckets
+ *                                                -> apply_event, complete_due, core_finish
+ *   - StatsWindow.add / Bucket.add_conversation -> window_add
+ *   - buckets_in_window(now_s) + expire          -> window_expire
+ *   - ArrivalStats.observe/_prune                -> arrivals_observe, arrivals_prune
+ *   - StatsEngine counters and the expiry cadence (every 1024 completions).
+ * Python dicts keep insertion order; every ordered container here does the same (arrays in
+ * insertion order plus a hash index), and every float is computed with the same IEEE
+ * operations in the same order.  Values the engine cannot represent exactly raise
+ * ReplayUnsupported before any state of the offending event changes.
+ *
+ * Memory layout.  Session ids and request ids never appear in the results, so the tracker
+ * keeps copies of their code units (kind and length included: equal exactly when the Python
+ * strings are equal) instead of references to the str objects, so the per-event work touches
+ * no old Python object (no refcounts, no cold string headers).  Keys are hashed with a
+ * seeded multiply-mix hash of those code units (see bytes_hash), not the str's SipHash.
+ *   - A session slot (Sess + SessMeta) holds a session id, its open conversation (turns
+ *     inline up to INLINE_TURNS) and the number of deadline entries filed under it.  A slot
+ *     lives while its conversation is open or any deadline entry names it, so a deadline
+ *     entry finds "the open conversation of this session id" exactly as
+ *     open.get(session_id) does (a stale entry can complete a newer conversation of the same
+ *     session, in the same order as in Python).
+ *   - Request ids are copied into the byte buffer of their second in the id-expiry buckets;
+ *     the set of remembered ids indexes those records (each id has exactly one record).
+ *   - Labels (which the results carry) are held as the first str object seen for each.
+ *   - Every index is one hash table type, HTable (open addressing): int64 keys are its keys;
+ *     for a str key it holds the hash, and the value leads to where the str is kept
+ *     (label_objs, a session slot, a request id record), where lookups compare it.
+ * The module keeps no global mutable state: everything lives in the ReplayCore object (the
+ * exception class is in the module state).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TWO52 4503599627370496.0           /* |values| below this floor exactly into int64 */
+#define SMALL_LIMIT ((int64_t)1 << 30)     /* |turn|, |input_tokens| below this */
+#define TOKENS_LIMIT ((int64_t)1 << 40)    /* |cached_tokens| below this */
+#define MAX_LABEL_IDS ((int64_t)1 << 30)
+#define EXPIRE_EVERY_COMPLETIONS 1024
+#define INLINE_TURNS 4
+#define INLINE_KEY 56      /* sizeof(Sess) == 192: three cache lines */
+#define DIRECT_TURNS 32    /* window states of turns 1..32 are found without hashing */
+
+/* math.floor for |x| < 2**52 (every value floored here is checked to be so). */
+static inline int64_t
+floor_i64(double x)
+{
+    int64_t i = (int64_t)x; /* truncates toward zero */
+    return i - ((double)i > x);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Growable arrays                                                                              */
+
+static int
+grow_array(void **p, Py_ssize_t *cap, Py_ssize_t need, size_t elsize)
+{
+    if (need <= *cap) {
+        return 0;
+    }
+    Py_ssize_t nc = *cap ? *cap : 4;
+    while (nc < need) {
+        if (nc > PY_SSIZE_T_MAX / 2) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        nc *= 2;
+    }
+    if ((size_t)nc > SIZE_MAX / elsize) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    void *q = realloc(*p, (size_t)nc * elsize);
+    if (q == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *p = q;
+    *cap = nc;
+    return 0;
+}
+
+#define GROW(arr, cap, need) grow_array((void **)&(arr), &(cap), (need), sizeof(*(arr)))
+
+/* ------------------------------------------------------------------------------------------ */
+/* Strings                                                                                      */
+
+/* Keys are hashed from their code units with a seeded 64-bit multiply-mix hash (wyhash's
+   construction): several times cheaper than the str's SipHash, which the tracker would
+   otherwise compute for two fresh strings per event.  The seed comes from Python's own
+   randomised str hash.  A probe sequence longer than PROBE_LIMIT (never seen with random
+   keys at load factor 1/2) means colliding keys: the engine then raises ReplayUnsupported
+   and the Python engine takes over, so crafted keys cannot make it quadratic. */
+#ifndef PROBE_LIMIT
+#define PROBE_LIMIT 1024
+#endif
+
+static inline uint64_t
+mum(uint64_t a, uint64_t b)
+{
+    __uint128_t r = (__uint128_t)a * b;
+    return (uint64_t)r ^ (uint64_t)(r >> 64);
+}
+
+static inline uint64_t
+rd8(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+static inline uint64_t
+rd4(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+#define H_P0 0xa0761d6478bd642fULL
+#define H_P1 0xe7037ed1a0b428dbULL
+#define H_P2 0x8ebc6af09c88c6e3ULL
+#define H_P3 0x589965cc75374cc3ULL
+
+static inline Py_hash_t
+bytes_hash(const char *data, size_t len, unsigned int kind, uint64_t seed)
+{
+    const uint8_t *p = (const uint8_t *)data;
+    uint64_t a, b;
+    seed ^= (uint64_t)kind * H_P3;
+    if (len <= 16) {
+        if (len >= 4) {
+            size_t q = (len >> 3) << 2;
+            a = (rd4(p) << 32) | rd4(p + q);
+            b = (rd4(p + len - 4) << 32) | rd4(p + len - 4 - q);
+        }
+        else if (len > 0) {
+            a = ((uint64_t)p[0] << 16) | ((uint64_t)p[len >> 1] << 8) | p[len - 1];
+            b = 0;
+        }
+        else {
+            a = b = 0;
+        }
+    }
+    else {
+        size_t i = len;
+        if (i > 48) {
+            uint64_t s1 = seed, s2 = seed;
+            do {
+                seed = mum(rd8(p) ^ H_P1, rd8(p + 8) ^ seed);
+                s1 = mum(rd8(p + 16) ^ H_P2, rd8(p + 24) ^ s1);
+                s2 = mum(rd8(p + 32) ^ H_P3, rd8(p + 40) ^ s2);
+                p += 48;
+                i -= 48;
+            } while (i > 48);
+            seed ^= s1 ^ s2;
+        }
+        while (i > 16) {
+            seed = mum(rd8(p) ^ H_P1, rd8(p + 8) ^ seed);
+            i -= 16;
+            p += 16;
+        }
+        a = rd8(p + i - 16);
+        b = rd8(p + i - 8);
+    }
+    return (Py_hash_t)mum(H_P1 ^ (uint64_t)len, mum(a ^ H_P1, b ^ seed));
+}
+
+/* Equality of n bytes, inline for the short keys of the hot path. */
+static inline __attribute__((always_inline)) int
+bytes_eq(const void *a, const void *b, size_t n)
+{
+    const uint8_t *x = a, *y = b;
+    if (n >= 8) {
+        if (n > 32) {
+            return memcmp(x, y, n) == 0;
+        }
+        size_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            if (rd8(x + i) != rd8(y + i)) {
+                return 0;
+            }
+        }
+        return rd8(x + n - 8) == rd8(y + n - 8); /* the tail, overlapping */
+    }
+    if (n >= 4) {
+        return rd4(x) == rd4(y) && rd4(x + n - 4) == rd4(y + n - 4);
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (x[i] != y[i]) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Copy of n bytes, inline for short keys. */
+static inline __attribute__((always_inline)) void
+bytes_copy(void *dst, const void *src, size_t n)
+{
+    if (n > 32 || n < 8) {
+        memcpy(dst, src, n);
+        return;
+    }
+    uint8_t *d = dst;
+    const uint8_t *q = src;
+    for (size_t i = 0; i + 8 <= n; i += 8) {
+        memcpy(d + i, q + i, 8);
+    }
+    memcpy(d + n - 8, q + n - 8, 8);
+}
+
+static inline Py_hash_t
+str_key_hash(PyObject *s, uint64_t seed)
+{
+    unsigned int kind = PyUnicode_KIND(s);
+    return bytes_hash(PyUnicode_DATA(s), (size_t)PyUnicode_GET_LENGTH(s) * kind, kind, seed);
+}
+
+/* Exact str equality: canonical strings are equal iff same kind, length and code units. */
+static inline __attribute__((always_inline)) int
+str_eq(PyObject *a, PyObject *b)
+{
+    Py_ssize_t n = PyUnicode_GET_LENGTH(a);
+    if (n != PyUnicode_GET_LENGTH(b)) {
+        return 0;
+    }
+    unsigned int kind = PyUnicode_KIND(a);
+    if (kind != PyUnicode_KIND(b)) {
+        return 0;
+    }
+    return bytes_eq(PyUnicode_DATA(a), PyUnicode_DATA(b), (size_t)n * kind);
+}
+
+/* A str seen as its code units (borrowed from the str while it is alive). */
+typedef struct {
+    const char *data;
+    size_t nbytes;
+    unsigned int kind;
+    Py_hash_t hash;
+} KeyView;
+
+/* Whether the code units (data, nbytes, kind) are those of k. */
+static inline __attribute__((always_inline)) int
+key_is(const KeyView *k, const void *data, size_t nbytes, unsigned int kind)
+{
+    return nbytes == k->nbytes && kind == k->kind && bytes_eq(data, k->data, nbytes);
+}
+
+static inline __attribute__((always_inline)) void
+key_view(PyObject *s, KeyView *k, uint64_t seed)
+{
+    k->kind = PyUnicode_KIND(s);
+    k->nbytes = (size_t)PyUnicode_GET_LENGTH(s) * k->kind;
+    k->data = PyUnicode_DATA(s);
+    k->hash = bytes_hash(k->data, k->nbytes, k->kind, seed);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Hash tables: well-mixed 64-bit key -> non-negative int64 value                               */
+/* Open addressing, linear probing, load factor at most 1/2, backward-shift deletion.           */
+
+/* One implementation serves every index of the engine, in two ways:
+     - str keys (labels, session ids, request ids) are kept elsewhere: the table's key is
+       their bytes_hash and the value says where the str is, so lookups compare the strings
+       through a match function (ht_find, limited to PROBE_LIMIT probes), entries are added
+       with ht_insert_reserved and removed by their value (ht_find_val + ht_delete_at);
+     - int64 keys (seconds, bucket indices, intent ids, state keys) are the keys, stored
+       multiplied by an odd constant (Fibonacci hashing; a bijection, so equal keys stay
+       equal): i64_get, i64_insert_reserved, i64_remove.
+   Either way a key's probe sequence starts at its top bits. */
+typedef struct {
+    uint64_t key;
+    int64_t val; /* < 0: empty */
+} HEntry;
+
+typedef struct {
+    HEntry *e;
+    size_t mask;
+    int shift; /* 64 - log2(capacity) */
+    Py_ssize_t used;
+} HTable;
+
+/* Whether the entry valued `val` stands for `what` (base: the array the values index). */
+typedef int (*HtMatch)(const void *base, const void *what, int64_t val);
+
+static inline size_t
+ht_slot(const HTable *t, uint64_t key)
+{
+    return (size_t)(key >> t->shift);
+}
+
+/* The entry at the start of key's probe sequence, for prefetching (NULL: no entries yet). */
+static inline const HEntry *
+ht_home(const HTable *t, uint64_t key)
+{
+    return t->e != NULL ? &t->e[ht_slot(t, key)] : NULL;
+}
+
+/* Position of the first entry holding `key` that `match` accepts (match NULL: any), -1 when
+   none; when `limited`, -2 once the probe sequence is longer than PROBE_LIMIT. */
+static inline __attribute__((always_inline)) Py_ssize_t
+ht_probe(const HTable *t, uint64_t key, HtMatch match, const void *base, const void *what,
+         int limited)
+{
+    if (t->e == NULL) {
+        return -1;
+    }
+    size_t m = t->mask, i = ht_slot(t, key);
+    for (size_t probes = 0;; probes++) {
+        const HEntry *x = &t->e[i];
+        if (x->val < 0) {
+            return -1;
+        }
+        if (x->key == key && (match == NULL || match(base, what, x->val))) {
+            return (Py_ssize_t)i;
+        }
+        if (limited && probes > PROBE_LIMIT) {
+            return -2;
+        }
+        i = (i + 1) & m;
+    }
+}
+
+/* Position of the entry for str `what` (hash h), -1 when absent, -2 when the probe sequence
+   is too long. */
+static inline __attribute__((always_inline)) Py_ssize_t
+ht_find(const HTable *t, uint64_t h, HtMatch match, const void *base, const void *what)
+{
+    return ht_probe(t, h, match, base, what, 1);
+}
+
+static inline int
+val_is(const void *Py_UNUSED(base), const void *what, int64_t val)
+{
+    return *(const int64_t *)what == val;
+}
+
+/* Position of the entry (h, val), or -1. */
+static inline Py_ssize_t
+ht_find_val(const HTable *t, uint64_t h, int64_t val)
+{
+    return ht_probe(t, h, val_is, NULL, &val, 0);
+}
+
+static int
+ht_resize(HTable *t, int bits)
+{
+    size_t ncap = (size_t)1 << bits;
+    HEntry *ne = malloc(ncap * sizeof(HEntry));
+    if (ne == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(ne, 0xff, ncap * sizeof(HEntry)); /* val == -1 everywhere */
+    HTable nt = {ne, ncap - 1, 64 - bits, t->used};
+    if (t->e != NULL) {
+        for (size_t i = 0; i <= t->mask; i++) {
+            HEntry *x = &t->e[i];
+            if (x->val >= 0) {
+                size_t j = ht_slot(&nt, x->key);
+                while (ne[j].val >= 0) {
+                    j = (j + 1) & nt.mask;
+                }
+                ne[j] = *x;
+            }
+        }
+        free(t->e);
+    }
+    *t = nt;
+    return 0;
+}
+
+/* Room for one more entry. */
+static inline int
+ht_reserve1(HTable *t)
+{
+    size_t cap = t->e ? t->mask + 1 : 0;
+    if (__builtin_expect((size_t)(t->used + 1) * 2 > cap, 0)) {
+        int bits = cap ? 64 - t->shift + 1 : 4;
+        if (bits > 40) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        return ht_resize(t, bits);
+    }
+    return 0;
+}
+
+/* Add an entry (for an absent str or key); ht_reserve1 must have succeeded. */
+static void
+ht_insert_reserved(HTable *t, uint64_t key, int64_t val)
+{
+    size_t m = t->mask, i = ht_slot(t, key);
+    while (t->e[i].val >= 0) {
+        i = (i + 1) & m;
+    }
+    t->e[i].key = key;
+    t->e[i].val = val;
+    t->used++;
+}
+
+static void
+ht_delete_at(HTable *t, Py_ssize_t pos)
+{
+    size_t m = t->mask, i = (size_t)pos, j = i;
+    for (;;) {
+        j = (j + 1) & m;
+        if (t->e[j].val < 0) {
+            break;
+        }
+        size_t k = ht_slot(t, t->e[j].key);
+        if (i <= j ? (i < k && k <= j) : (i < k || k <= j)) {
+            continue;
+        }
+        t->e[i] = t->e[j];
+        i = j;
+    }
+    t->e[i].val = -1;
+    t->used--;
+}
+
+static void
+ht_clear(HTable *t)
+{
+    if (t->e != NULL) {
+        memset(t->e, 0xff, (t->mask + 1) * sizeof(HEntry));
+    }
+    t->used = 0;
+}
+
+static void
+ht_free(HTable *t)
+{
+    free(t->e);
+    memset(t, 0, sizeof(*t));
+}
+
+/* int64 keys, as the table stores them. */
+static inline uint64_t
+i64_key(int64_t key)
+{
+    return (uint64_t)key * 0x9E3779B97F4A7C15ULL;
+}
+
+/* The value of key, or -1. */
+static inline int64_t
+i64_get(const HTable *t, int64_t key)
+{
+    Py_ssize_t pos = ht_probe(t, i64_key(key), NULL, NULL, NULL, 0);
+    return pos >= 0 ? t->e[pos].val : -1;
+}
+
+/* Add an absent key; ht_reserve1 must have succeeded. */
+static inline void
+i64_insert_reserved(HTable *t, int64_t key, int64_t val)
+{
+    ht_insert_reserved(t, i64_key(key), val);
+}
+
+/* Remove key; returns its value, or -1 when absent. */
+static int64_t
+i64_remove(HTable *t, int64_t key)
+{
+    Py_ssize_t pos = ht_probe(t, i64_key(key), NULL, NULL, NULL, 0);
+    if (pos < 0) {
+        return -1;
+    }
+    int64_t val = t->e[pos].val;
+    ht_delete_at(t, pos);
+    return val;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* _SecondBuckets: records filed under whole seconds; a heap of seconds, one byte buffer per    */
+/* second holding its records in insertion order.                                               */
+
+typedef struct {
+    char *buf;
+    size_t len, cap;
+} SBList;
+
+typedef struct {
+    HTable map; /* second -> list slot */
+    SBList *lists;
+    Py_ssize_t nlists, caplists;
+    int64_t *freeslots;
+    Py_ssize_t nfree, capfree;
+    int64_t *heap;
+    Py_ssize_t nheap, capheap;
+    int64_t cache_sec, cache_slot; /* last list added to (cache_slot < 0: none) */
+} SecBuckets;
+
+static void
+heap_push(int64_t *h, Py_ssize_t *n, int64_t v)
+{
+    Py_ssize_t i = (*n)++;
+    while (i > 0) {
+        Py_ssize_t p = (i - 1) / 2;
+        if (h[p] <= v) {
+            break;
+        }
+        h[i] = h[p];
+        i = p;
+    }
+    h[i] = v;
+}
+
+static int64_t
+heap_pop(int64_t *h, Py_ssize_t *n)
+{
+    int64_t top = h[0];
+    int64_t v = h[--(*n)];
+    Py_ssize_t len = *n, i = 0;
+    for (;;) {
+        Py_ssize_t c = 2 * i + 1;
+        if (c >= len) {
+            break;
+        }
+        if (c + 1 < len && h[c + 1] < h[c]) {
+            c++;
+        }
+        if (v <= h[c]) {
+            break;
+        }
+        h[i] = h[c];
+        i = c;
+    }
+    if (len > 0) {
+        h[i] = v;
+    }
+    return top;
+}
+
+/* The list slot of `second` (made, and its second pushed on the heap, when new); -1: error. */
+static int64_t
+sb_slot_slow(SecBuckets *sb, int64_t second)
+{
+    int64_t slot = i64_get(&sb->map, second);
+    if (slot < 0) {
+        if (GROW(sb->heap, sb->capheap, sb->nheap + 1) < 0 || ht_reserve1(&sb->map) < 0) {
+            return -1;
+        }
+        if (sb->nfree > 0) {
+            slot = sb->freeslots[--sb->nfree];
+        }
+        else {
+            if (sb->nlists >= INT32_MAX ||
+                GROW(sb->lists, sb->caplists, sb->nlists + 1) < 0 ||
+                GROW(sb->freeslots, sb->capfree, sb->nlists + 1) < 0) {
+                if (!PyErr_Occurred()) {
+                    PyErr_NoMemory();
+                }
+                return -1;
+            }
+            slot = sb->nlists++;
+            sb->lists[slot].buf = NULL;
+            sb->lists[slot].len = 0;
+            sb->lists[slot].cap = 0;
+        }
+        i64_insert_reserved(&sb->map, second, slot);
+        heap_push(sb->heap, &sb->nheap, second);
+    }
+    sb->cache_sec = second;
+    sb->cache_slot = slot;
+    return slot;
+}
+
+static inline int64_t
+sb_slot(SecBuckets *sb, int64_t second)
+{
+    if (sb->cache_slot >= 0 && sb->cache_sec == second) {
+        return sb->cache_slot;
+    }
+    return sb_slot_slow(sb, second);
+}
+
+/* Room for n more bytes at the end of list `slot`: returns where to write, sets *off. */
+static inline char *
+sb_append(SecBuckets *sb, int64_t slot, size_t n, size_t *off)
+{
+    SBList *l = &sb->lists[slot];
+    if (__builtin_expect(l->len + n > l->cap, 0)) {
+        size_t nc = l->cap ? l->cap : 64;
+        while (nc < l->len + n) {
+            if (nc > SIZE_MAX / 2) {
+                PyErr_NoMemory();
+                return NULL;
+            }
+            nc *= 2;
+        }
+        char *q = realloc(l->buf, nc);
+        if (q == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        l->buf = q;
+        l->cap = nc;
+    }
+    *off = l->len;
+    l->len += n;
+    return l->buf + *off;
+}
+
+/* Whether the oldest second is due before time_s (Python: order[0] + 1 <= time_s). */
+static inline int
+sb_due(const SecBuckets *sb, double time_s)
+{
+    return sb->nheap > 0 && (double)(sb->heap[0] + 1) <= time_s;
+}
+
+/* Pop the oldest second; the caller reads lists[*slot] and then calls sb_release. */
+static int64_t
+sb_pop(SecBuckets *sb, int64_t *slot)
+{
+    int64_t second = heap_pop(sb->heap, &sb->nheap);
+    *slot = i64_remove(&sb->map, second);
+    if (sb->cache_slot >= 0 && sb->cache_sec == second) {
+        sb->cache_slot = -1;
+    }
+    return second;
+}
+
+static void
+sb_release(SecBuckets *sb, int64_t slot)
+{
+    sb->lists[slot].len = 0;
+    sb->freeslots[sb->nfree++] = slot; /* capacity reserved when the slot was made */
+}
+
+static void
+sb_free(SecBuckets *sb)
+{
+    for (Py_ssize_t s = 0; s < sb->nlists; s++) {
+        free(sb->lists[s].buf);
+    }
+    free(sb->lists);
+    free(sb->freeslots);
+    free(sb->heap);
+    ht_free(&sb->map);
+    memset(sb, 0, sizeof(*sb));
+    sb->cache_slot = -1;
+}
+
+/* A remembered request id in its second's buffer: this header, then the code units padded
+   to 8 bytes. */
+typedef struct {
+    Py_hash_t hash;
+    uint32_t nbytes;
+    uint32_t kind;
+} RidHdr;
+
+#define RID_RECORD_SIZE(nbytes) (sizeof(RidHdr) + (((size_t)(nbytes) + 7) & ~(size_t)7))
+
+/* ------------------------------------------------------------------------------------------ */
+/* Engine structures                                                                            */
+
+typedef struct {
+    double ts;
+    int32_t input, blocks, turn, intent;
+} Turn;
+
+/* A session slot: a session id with its open conversation (when is_open).  The bookkeeping
+   read for every deadline entry lives apart, in SessMeta (small, stays in cache); the key
+   and the turns (read when an event arrives or the conversation completes) live in Sess. */
+typedef struct {
+    int64_t dsec;       /* floor(last_ts + completion_timeout_s) of the open conversation */
+    Py_hash_t hash;     /* of the session id */
+    int32_t prev, next; /* open-dict insertion order; next also links the free list */
+    int32_t pending;    /* deadline entries naming this slot */
+    int32_t is_open;
+} SessMeta;
+
+typedef struct {
+    double last_ts;
+    int32_t n;       /* turns, sorted by turn */
+    int32_t cap;     /* capacity of theap */
+    uint32_t nbytes; /* key code units, in bytes */
+    uint8_t kind, on_heap, pad_[2];
+    char *kheap;     /* the key when longer than INLINE_KEY bytes */
+    Turn *theap;     /* the turns when more than INLINE_TURNS (kept for reuse) */
+    char kdata[INLINE_KEY];
+    Turn tin[INLINE_TURNS];
+} Sess;
+
+#define SESS_TURNS(s) ((s)->on_heap ? (s)->theap : (s)->tin)
+#define SESS_KEY(s) ((s)->nbytes <= INLINE_KEY ? (s)->kdata : (s)->kheap)
+
+typedef struct {
+    int64_t turn;
+    int64_t reached, continued;
+    int32_t intent;
+} StateE;
+
+typedef struct {
+    int64_t conversations, sum_R, sum_H, sum_H_hash, sum_B, sum_M;
+    int32_t intent;
+} MomE;
+
+typedef struct {
+    double delay;
+    int64_t blocks, turn;
+    int32_t intent;
+} DelayE;
+
+/* Per intent in a bucket: positions of its states of turns 1..DIRECT_TURNS and of its
+   moments (-1: none yet). */
+typedef struct {
+    int32_t state[DIRECT_TURNS + 1];
+    int32_t mom;
+} IntentRow;
+
+typedef struct {
+    int64_t index, conversations;
+    HTable smap; /* state key -> position in states (turns outside 1..DIRECT_TURNS) */
+    StateE *states;
+    Py_ssize_t ns, caps;
+    HTable rmap; /* intent id -> row */
+    IntentRow *rows;
+    Py_ssize_t nr, capr;
+    MomE *moms;
+    Py_ssize_t nm, capm;
+    DelayE *delays;
+    Py_ssize_t nd, capd;
+} Bucket;
+
+typedef struct {
+    int64_t second, starts, cached, input;
+} SecE;
+
+#define N_FIELDS 8
+/* Where a struct type keeps the event fields read here (member descriptor offsets). */
+typedef struct {
+    PyTypeObject *type; /* borrowed: Core holds the reference */
+    Py_ssize_t off[N_FIELDS];
+    char obj_ex[N_FIELDS];
+} FieldTable;
+
+typedef struct {
+    PyObject_HEAD
+    /* configuration */
+    int64_t block_size;
+    double timeout, lateness;
+    int64_t max_turn;
+    int64_t window_conversations;
+    double max_age, bucket_s;
+    int64_t rate_window;
+    int64_t max_open;
+    int64_t max_labels;
+    PyObject *unknown_label;
+    PyObject *parse, *rejected, *event_type, *delay_type;
+    PyObject *decode;          /* parse_event's strict decoder, called without parse_event */
+    PyObject *decode_type;     /* what decode returns: event_type's fields, no __post_init__ */
+    Py_ssize_t max_event_bytes; /* parse_event sends larger payloads to its reference path */
+    PyObject *unsupported; /* the ReplayUnsupported class */
+    uint64_t seed;         /* of bytes_hash */
+    PyObject *s_reason, *s_too_late, *s_open_limit;
+    FieldTable ev_fields;  /* of event_type (what parse returns) */
+    FieldTable raw_fields; /* of decode_type (what decode returns) */
+    PyObject *last_rejection;
+
+    /* labeller */
+    HTable labels;         /* label (its hash) -> id (1..); the str is label_objs[id] */
+    PyObject **label_objs; /* id -> first str seen (id 0: unknown_label, borrowed) */
+    Py_ssize_t nlabel_objs, caplabel_objs;
+    int64_t folded;
+
+    /* tracker */
+    HTable sess_tab; /* session id -> live slot */
+    Sess *sess;      /* 64-byte aligned */
+    SessMeta *meta;
+    Py_ssize_t nsess, capsess;
+    int32_t sess_free, open_head, open_tail;
+    Py_ssize_t open_count;
+    HTable seen;            /* remembered request ids -> (idexp slot << 32 | record offset) */
+    SecBuckets deadlines;   /* int32 session slots */
+    SecBuckets idexp;       /* request id records */
+    double newest_ts;
+
+    /* window */
+    Bucket *bk;
+    Py_ssize_t nbk, capbk;
+    int64_t *bk_free;
+    Py_ssize_t nbk_free, capbk_free;
+    int64_t *bk_order; /* live bucket slots in creation order */
+    Py_ssize_t nbk_order, capbk_order;
+    HTable bk_map; /* bucket index -> slot */
+    int64_t bk_cache_index, bk_cache_slot;
+
+    /* arrivals */
+    SecE *secs;
+    Py_ssize_t nsecs, capsecs;
+    HTable sec_map; /* second -> position */
+    double first_start, newest_start;
+    int64_t start_count;
+
+    /* counters */
+    int64_t processed, duplicates;
+    PyObject *reason_index; /* dict: reason -> int position */
+    PyObject **reason_objs;
+    int64_t *reason_counts;
+    Py_ssize_t nreasons, capreason_objs, capreason_counts;
+    int64_t too_late_pos, open_limit_pos;
+    int64_t completions_since_expiry;
+} Core;
+
+enum { F_SESSION, F_TURN, F_TS, F_INPUT, F_RID, F_INTENT, F_CACHED, F_MESSAGES };
+static const char *const FIELD_NAMES[N_FIELDS] = {
+    "session_id", "turn", "timestamp", "input_tokens", "request_id", "intent", "cached_tokens",
+    "messages",
+};
+
+typedef struct {
+    PyObject *unsupported;
+    PyObject *core_type;
+} ModState;
+
+static int
+unsupported(Core *self, const char *msg)
+{
+    PyErr_SetString(self->unsupported, msg);
+    return -1;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Counters                                                                                    */
+
+/* Counter[reason] += 1; *cache (if given) remembers the position of a fixed reason. */
+static int
+count_reason(Core *self, PyObject *reason, int64_t *cache)
+{
+    Py_ssize_t pos;
+    if (cache != NULL && *cache >= 0) {
+        pos = (Py_ssize_t)*cache;
+    }
+    else {
+        PyObject *idx = PyDict_GetItemWithError(self->reason_index, reason);
+        if (idx != NULL) {
+            pos = PyLong_AsSsize_t(idx);
+            if (pos < 0 && PyErr_Occurred()) {
+                return -1;
+            }
+        }
+        else {
+            if (PyErr_Occurred()) {
+                return -1;
+            }
+            if (GROW(self->reason_objs, self->capreason_objs, self->nreasons + 1) < 0 ||
+                GROW(self->reason_counts, self->capreason_counts, self->nreasons + 1) < 0) {
+                return -1;
+            }
+            pos = self->nreasons;
+            PyObject *pyidx = PyLong_FromSsize_t(pos);
+            if (pyidx == NULL) {
+                return -1;
+            }
+            int r = PyDict_SetItem(self->reason_index, reason, pyidx);
+            Py_DECREF(pyidx);
+            if (r < 0) {
+                return -1;
+            }
+            Py_INCREF(reason);
+            self->reason_objs[pos] = reason;
+            self->reason_counts[pos] = 0;
+            self->nreasons++;
+        }
+        if (cache != NULL) {
+            *cache = pos;
+        }
+    }
+    self->reason_counts[pos]++;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Window                                                                                      */
+
+static void
+bucket_free_contents(Bucket *b)
+{
+    ht_free(&b->smap);
+    ht_free(&b->rmap);
+    free(b->states);
+    free(b->rows);
+    free(b->moms);
+    free(b->delays);
+    memset(b, 0, sizeof(*b));
+}
+
+/* The row of `intent` in bucket b (made when new); -1 on error. */
+static int64_t
+bucket_row(Bucket *b, int32_t intent)
+{
+    int64_t r = i64_get(&b->rmap, intent);
+    if (r >= 0) {
+        return r;
+    }
+    if (GROW(b->rows, b->capr, b->nr + 1) < 0 || ht_reserve1(&b->rmap) < 0) {
+        return -1;
+    }
+    r = b->nr++;
+    memset(&b->rows[r], 0xff, sizeof(IntentRow)); /* all -1 */
+    i64_insert_reserved(&b->rmap, intent, r);
+    return r;
+}
+
+/* The state (intent, turn) of bucket b, made (at the end of the states' order) when new. */
+static StateE *
+bucket_state(Bucket *b, int64_t row, int32_t intent, int64_t turn)
+{
+    int direct = turn >= 1 && turn <= DIRECT_TURNS;
+    int64_t key = 0, pos;
+    if (direct) {
+        pos = b->rows[row].state[turn];
+    }
+    else {
+        key = (int64_t)(((uint64_t)(uint32_t)intent << 32) | (uint64_t)(uint32_t)(int32_t)turn);
+        pos = i64_get(&b->smap, key);
+    }
+    if (pos >= 0) {
+        return &b->states[pos];
+    }
+    if (GROW(b->states, b->caps, b->ns + 1) < 0 || (!direct && ht_reserve1(&b->smap) < 0)) {
+        return NULL;
+    }
+    pos = b->ns++;
+    if (direct) {
+        b->rows[row].state[turn] = (int32_t)pos;
+    }
+    else {
+        i64_insert_reserved(&b->smap, key, pos);
+    }
+    StateE *s = &b->states[pos];
+    s->turn = turn;
+    s->reached = 0;
+    s->continued = 0;
+    s->intent = intent;
+    return s;
+}
+
+static MomE *
+bucket_moments(Bucket *b, int64_t row, int32_t intent)
+{
+    int32_t pos = b->rows[row].mom;
+    if (pos >= 0) {
+        return &b->moms[pos];
+    }
+    if (GROW(b->moms, b->capm, b->nm + 1) < 0) {
+        return NULL;
+    }
+    pos = (int32_t)b->nm++;
+    b->rows[row].mom = pos;
+    MomE *m = &b->moms[pos];
+    memset(m, 0, sizeof(*m));
+    m->intent = intent;
+    return m;
+}
+
+/* StatsWindow.add + Bucket.add_conversation for the open conversation of slot s. */
+static int
+window_add(Core *self, const Sess *conv)
+{
+    int64_t index = floor_i64(conv->last_ts / self->bucket_s);
+    int64_t slot;
+    if (self->bk_cache_slot >= 0 && self->bk_cache_index == index) {
+        slot = self->bk_cache_slot;
+    }
+    else {
+        slot = i64_get(&self->bk_map, index);
+        if (slot < 0) {
+            if (ht_reserve1(&self->bk_map) < 0 ||
+                GROW(self->bk_order, self->capbk_order, self->nbk_order + 1) < 0) {
+                return -1;
+            }
+            if (self->nbk_free > 0) {
+                slot = self->bk_free[--self->nbk_free];
+            }
+            else {
+                if (GROW(self->bk, self->capbk, self->nbk + 1) < 0 ||
+                    GROW(self->bk_free, self->capbk_free, self->nbk + 1) < 0) {
+                    return -1;
+                }
+                slot = self->nbk++;
+            }
+            Bucket *nb = &self->bk[slot];
+            memset(nb, 0, sizeof(*nb));
+            nb->index = index;
+            i64_insert_reserved(&self->bk_map, index, slot);
+            self->bk_order[self->nbk_order++] = slot;
+        }
+        self->bk_cache_index = index;
+        self->bk_cache_slot = slot;
+    }
+    Bucket *b = &self->bk[slot];
+    const Turn *T = SESS_TURNS(conv);
+    Py_ssize_t n = conv->n;
+    int64_t first = T[0].turn, last = T[n - 1].turn;
+    int32_t intent = T[n - 1].intent;
+    int64_t max_turn = self->max_turn;
+    int64_t row = bucket_row(b, intent);
+    if (row < 0 || GROW(b->delays, b->capd, b->nd + n) < 0 || b->ns > INT32_MAX - (last - first) - 2) {
+        if (!PyErr_Occurred()) {
+            PyErr_NoMemory();
+        }
+        return -1;
+    }
+
+    /* States: every turn from the first to the last, keyed (intent, min(turn, max_turn)). */
+    int64_t t = first;
+    int64_t lim = last < max_turn - 1 ? last : max_turn - 1;
+    for (; t <= lim; t++) {
+        StateE *s = bucket_state(b, row, intent, t);
+        if (s == NULL) {
+            return -1;
+        }
+        s->reached++;
+        if (t < last) {
+            s->continued++;
+        }
+    }
+    if (t <= last) { /* turns t..last all share the state max_turn; all but last continue */
+        StateE *s = bucket_state(b, row, intent, max_turn);
+        if (s == NULL) {
+            return -1;
+        }
+        s->reached += last - t + 1;
+        s->continued += last - t;
+    }
+
+    /* Delays and the moment sums. */
+    int64_t sum_H = 0, sum_H_hash = 0;
+    for (Py_ssize_t i = 1; i < n; i++) {
+        const Turn *prev = &T[i - 1], *rec = &T[i];
+        int64_t blocks = prev->blocks;
+        sum_H += blocks;
+        if (blocks > 1) {
+            sum_H_hash += blocks - 1;
+        }
+        if (rec->turn == prev->turn + 1) { /* room reserved above */
+            double delay_s = rec->ts - prev->ts;
+            DelayE *d = &b->delays[b->nd++];
+            d->delay = delay_s >= 0.0 ? delay_s : 0.0;
+            d->blocks = blocks;
+            d->intent = intent;
+            d->turn = prev->turn < max_turn ? prev->turn : max_turn;
+        }
+    }
+    MomE *m = bucket_moments(b, row, intent);
+    if (m == NULL) {
+        return -1;
+    }
+    int64_t last_blocks = T[n - 1].blocks;
+    m->conversations += 1;
+    m->sum_R += sum_H + last_blocks;
+    m->sum_H += sum_H;
+    m->sum_H_hash += sum_H_hash;
+    m->sum_B += last_blocks;
+    m->sum_M += last;
+    b->conversations += 1;
+    return 0;
+}
+
+typedef struct {
+    int64_t index, slot;
+} IdxSlot;
+
+static int
+cmp_index_desc(const void *a, const void *b)
+{
+    int64_t x = ((const IdxSlot *)a)->index, y = ((const IdxSlot *)b)->index;
+    return (x < y) - (x > y);
+}
+
+/* StatsWindow.expire(now_s) with buckets_in_window(now_s). */
+static int
+window_expire(Core *self, double now_s)
+{
+    Py_ssize_t n = self->nbk_order;
+    if (n == 0) {
+        return 0;
+    }
+    IdxSlot *v = malloc((size_t)n * sizeof(IdxSlot));
+    if (v == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        v[i].slot = self->bk_order[i];
+        v[i].index = self->bk[v[i].slot].index;
+    }
+    qsort(v, (size_t)n, sizeof(IdxSlot), cmp_index_desc);
+    double oldest_allowed = now_s - self->max_age;
+    int64_t covered = 0;
+    Py_ssize_t chosen = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double end = (double)(v[i].index + 1) * self->bucket_s;
+        if (end <= oldest_allowed) {
+            break;
+        }
+        chosen++;
+        covered += self->bk[v[i].slot].conversations;
+        if (covered >= self->window_conversations) {
+            break;
+        }
+    }
+    int drop_all = chosen == 0;
+    int64_t oldest_kept = drop_all ? 0 : v[chosen - 1].index;
+    free(v);
+    Py_ssize_t w = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t slot = self->bk_order[i];
+        Bucket *b = &self->bk[slot];
+        if (drop_all || b->index < oldest_kept) {
+            i64_remove(&self->bk_map, b->index);
+            bucket_free_contents(b);
+            self->bk_free[self->nbk_free++] = slot;
+        }
+        else {
+            self->bk_order[w++] = slot;
+        }
+    }
+    self->nbk_order = w;
+    self->bk_cache_slot = -1;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Arrivals                                                                                    */
+
+static int
+arrivals_prune(Core *self)
+{
+    int64_t first = floor_i64(self->newest_start) - self->rate_window + 1;
+    Py_ssize_t w = 0;
+    for (Py_ssize_t i = 0; i < self->nsecs; i++) {
+        if (self->secs[i].second >= first) {
+            self->secs[w++] = self->secs[i];
+        }
+    }
+    if (w == self->nsecs) {
+        return 0;
+    }
+    self->nsecs = w;
+    ht_clear(&self->sec_map);
+    for (Py_ssize_t i = 0; i < w; i++) {
+        i64_insert_reserved(&self->sec_map, self->secs[i].second, i); /* fewer than before */
+    }
+    return 0;
+}
+
+static int
+arrivals_observe(Core *self, double ts, int64_t turn, int64_t input, int has_cached,
+                 int64_t cached)
+{
+    int is_start = turn == 1;
+    if (!is_start && !has_cached) {
+        return 0;
+    }
+    int64_t second = floor_i64(ts);
+    int64_t pos = i64_get(&self->sec_map, second);
+    if (pos < 0) {
+        if (GROW(self->secs, self->capsecs, self->nsecs + 1) < 0 ||
+            ht_reserve1(&self->sec_map) < 0) {
+            return -1;
+        }
+        pos = self->nsecs++;
+        SecE *e = &self->secs[pos];
+        e->second = second;
+        e->starts = e->cached = e->input = 0;
+        i64_insert_reserved(&self->sec_map, second, pos);
+    }
+    if (is_start) {
+        self->secs[pos].starts += 1;
+        self->start_count += 1;
+        if (ts < self->first_start) {
+            self->first_start = ts;
+        }
+        if (ts > self->newest_start) {
+            self->newest_start = ts;
+            if ((int64_t)self->nsecs > 4 * self->rate_window) {
+                if (arrivals_prune(self) < 0) {
+                    return -1;
+                }
+                pos = i64_get(&self->sec_map, second); /* kept: second >= the first kept */
+            }
+        }
+    }
+    if (has_cached) {
+        self->secs[pos].cached += cached;
+        self->secs[pos].input += input;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Tracker: session slots                                                                      */
+
+/* Whether slot val of the slots (base) is the slot of session id `what` (a KeyView). */
+static inline int
+sess_is(const void *base, const void *what, int64_t val)
+{
+    const Sess *s = (const Sess *)base + val;
+    return key_is(what, SESS_KEY(s), s->nbytes, s->kind);
+}
+
+/* Position in sess_tab of the live slot of session k, -1 when none, -2 when the probe
+   sequence is too long. */
+static inline Py_ssize_t
+sess_find(const Core *self, const KeyView *k)
+{
+    return ht_find(&self->sess_tab, k->hash, sess_is, self->sess, k);
+}
+
+/* Room for one more slot (sess is kept 64-byte aligned, so it is moved by hand). */
+static int
+sess_reserve1(Core *self)
+{
+    if (self->nsess < self->capsess) {
+        return 0;
+    }
+    if (self->nsess >= INT32_MAX - 1) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t ncap = self->capsess ? self->capsess * 2 : 64;
+    if (ncap > INT32_MAX) {
+        ncap = INT32_MAX;
+    }
+    if ((size_t)ncap > SIZE_MAX / sizeof(Sess)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    void *ns = NULL;
+    if (posix_memalign(&ns, 64, (size_t)ncap * sizeof(Sess)) != 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    SessMeta *nm = realloc(self->meta, (size_t)ncap * sizeof(SessMeta));
+    if (nm == NULL) {
+        free(ns);
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->meta = nm;
+    if (self->sess != NULL) {
+        memcpy(ns, self->sess, (size_t)self->nsess * sizeof(Sess));
+        free(self->sess);
+    }
+    self->sess = ns;
+    self->capsess = ncap;
+    return 0;
+}
+
+/* A new live slot for session k (not open, nothing pending); -1 on error. */
+static int32_t
+sess_new(Core *self, const KeyView *k)
+{
+    if (k->nbytes > UINT32_MAX) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    char *kheap = NULL;
+    if (k->nbytes > INLINE_KEY) {
+        kheap = malloc(k->nbytes);
+        if (kheap == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    if (ht_reserve1(&self->sess_tab) < 0 || (self->sess_free < 0 && sess_reserve1(self) < 0)) {
+        free(kheap);
+        return -1;
+    }
+    int32_t si;
+    if (self->sess_free >= 0) {
+        si = self->sess_free;
+        self->sess_free = self->meta[si].next;
+    }
+    else {
+        si = (int32_t)self->nsess++;
+        self->sess[si].theap = NULL;
+        self->sess[si].cap = 0;
+    }
+    SessMeta *m = &self->meta[si];
+    m->dsec = 0;
+    m->hash = k->hash;
+    m->prev = m->next = -1;
+    m->pending = 0;
+    m->is_open = 0;
+    Sess *s = &self->sess[si];
+    s->last_ts = -INFINITY;
+    s->n = 0;
+    s->on_heap = 0;
+    s->kind = (uint8_t)k->kind;
+    s->nbytes = (uint32_t)k->nbytes;
+    s->kheap = kheap;
+    memcpy(kheap ? kheap : s->kdata, k->data, k->nbytes);
+    ht_insert_reserved(&self->sess_tab, k->hash, si);
+    return si;
+}
+
+/* Forget slot si (not open, nothing pending): out of the index, onto the free list. */
+static void
+sess_release(Core *self, int32_t si)
+{
+    SessMeta *m = &self->meta[si];
+    Py_ssize_t pos = ht_find_val(&self->sess_tab, m->hash, si);
+    if (pos >= 0) {
+        ht_delete_at(&self->sess_tab, pos);
+    }
+    Sess *s = &self->sess[si];
+    free(s->kheap);
+    s->kheap = NULL;
+    s->nbytes = 0;
+    m->next = self->sess_free;
+    self->sess_free = si;
+}
+
+/* Open a new conversation in slot si (appended to the open dict's order). */
+static void
+sess_open(Core *self, int32_t si, const Turn *first)
+{
+    Sess *s = &self->sess[si];
+    s->on_heap = 0;
+    s->n = 1;
+    s->tin[0] = *first;
+    s->last_ts = -INFINITY;
+    SessMeta *m = &self->meta[si];
+    m->is_open = 1;
+    m->prev = self->open_tail;
+    m->next = -1;
+    if (self->open_tail >= 0) {
+        self->meta[self->open_tail].next = si;
+    }
+    else {
+        self->open_head = si;
+    }
+    self->open_tail = si;
+    self->open_count++;
+}
+
+/* Close the open conversation of slot si (out of the open dict); the slot stays. */
+static void
+sess_close(Core *self, int32_t si)
+{
+    SessMeta *m = &self->meta[si];
+    if (m->prev >= 0) {
+        self->meta[m->prev].next = m->next;
+    }
+    else {
+        self->open_head = m->next;
+    }
+    if (m->next >= 0) {
+        self->meta[m->next].prev = m->prev;
+    }
+    else {
+        self->open_tail = m->prev;
+    }
+    m->prev = m->next = -1;
+    m->is_open = 0;
+    self->sess[si].n = 0;
+    self->open_count--;
+}
+
+/* Room for one more turn in slot s; returns its turns (maybe moved to the heap). */
+static Turn *
+sess_turn_room(Sess *s)
+{
+    int32_t capacity = s->on_heap ? s->cap : INLINE_TURNS;
+    if (s->n < capacity) {
+        return SESS_TURNS(s);
+    }
+    if (s->n >= INT32_MAX / 2) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    if (s->cap < s->n + 1) {
+        Py_ssize_t cap = s->cap;
+        if (grow_array((void **)&s->theap, &cap, (Py_ssize_t)s->n + 1, sizeof(Turn)) < 0) {
+            return NULL;
+        }
+        s->cap = (int32_t)(cap < INT32_MAX ? cap : INT32_MAX);
+    }
+    if (!s->on_heap) {
+        memcpy(s->theap, s->tin, (size_t)s->n * sizeof(Turn));
+        s->on_heap = 1;
+    }
+    return s->theap;
+}
+
+/* ConversationTracker._complete_due(watermark); adds the completions to *completed. */
+static int
+complete_due(Core *self, double watermark, int64_t *completed)
+{
+    SecBuckets *ids = &self->idexp;
+    while (sb_due(ids, watermark)) {
+        int64_t slot;
+        sb_pop(ids, &slot);
+        const SBList *l = &ids->lists[slot];
+        size_t off = 0;
+        while (off < l->len) {
+            const RidHdr *h = (const RidHdr *)(l->buf + off);
+            Py_ssize_t pos = ht_find_val(&self->seen, h->hash, (slot << 32) | (int64_t)off);
+            if (pos >= 0) {
+                ht_delete_at(&self->seen, pos);
+            }
+            off += RID_RECORD_SIZE(h->nbytes);
+        }
+        sb_release(ids, slot);
+    }
+    SecBuckets *dl = &self->deadlines;
+    int err = 0;
+    while (sb_due(dl, watermark)) {
+        int64_t slot;
+        int64_t second = sb_pop(dl, &slot);
+        const int32_t *items = (const int32_t *)dl->lists[slot].buf;
+        size_t n = dl->lists[slot].len / sizeof(int32_t);
+        for (size_t k = 0; k < n && k < 3; k++) {
+            const SessMeta *nx = &self->meta[items[k]];
+            if (nx->is_open && nx->dsec == second) {
+                const char *p = (const char *)&self->sess[items[k]];
+                __builtin_prefetch(p);
+                __builtin_prefetch(p + 64);
+                __builtin_prefetch(p + 128);
+            }
+        }
+        for (size_t k = 0; k < n; k++) {
+            /* Prefetch ahead: the bookkeeping of later entries, and the turns of those that
+               will complete (their slots are cold: last touched a timeout ago). */
+            if (k + 8 < n) {
+                __builtin_prefetch(&self->meta[items[k + 8]], 1);
+            }
+            if (k + 3 < n) {
+                const SessMeta *nx = &self->meta[items[k + 3]];
+                if (nx->is_open && nx->dsec == second) {
+                    const char *p = (const char *)&self->sess[items[k + 3]];
+                    __builtin_prefetch(p);
+                    __builtin_prefetch(p + 64);
+                    __builtin_prefetch(p + 128);
+                }
+            }
+            int32_t si = items[k];
+            SessMeta *m = &self->meta[si];
+            m->pending--;
+            /* Python: open.get(session_id) and floor(last_ts + timeout) == second.  Entries
+               left behind when a conversation's deadline moved later are skipped. */
+            if (m->is_open && m->dsec == second) {
+                if (window_add(self, &self->sess[si]) < 0) {
+                    err = 1;
+                }
+                sess_close(self, si);
+                (*completed)++;
+            }
+            if (!m->is_open && m->pending == 0) {
+                sess_release(self, si);
+            }
+        }
+        sb_release(dl, slot);
+        if (err) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* One event                                                                                    */
+
+static int
+type_error_field(int f, const char *expected, PyObject *got)
+{
+    PyErr_Format(PyExc_TypeError, "event field %s: expected %s, got %.100s", FIELD_NAMES[f],
+                 expected, Py_TYPE(got)->tp_name);
+    return -1;
+}
+
+/* A str field: exact str (TypeError when not a str at all, ReplayUnsupported for a subclass). */
+static inline int
+check_str(Core *self, int f, PyObject *v, int allow_none)
+{
+    if (PyUnicode_CheckExact(v)) {
+        if (PyUnicode_READY(v) < 0) {
+            return -1;
+        }
+        return 0;
+    }
+    if (allow_none && v == Py_None) {
+        return 0;
+    }
+    if (PyUnicode_Check(v)) {
+        return unsupported(self, "str subclass in an event field");
+    }
+    return type_error_field(f, allow_none ? "str or None" : "str", v);
+}
+
+static inline int
+check_int(Core *self, int f, PyObject *v, int allow_none)
+{
+    if (PyLong_CheckExact(v) || (allow_none && v == Py_None)) {
+        return 0;
+    }
+    if (PyLong_Check(v)) {
+        return unsupported(self, "int subclass in an event field");
+    }
+    return type_error_field(f, allow_none ? "int or None" : "int", v);
+}
+
+/* An int strictly within +-limit (else ReplayUnsupported). */
+static inline int
+bounded_int(Core *self, PyObject *v, int64_t limit, int64_t *out)
+{
+    Py_ssize_t size = Py_SIZE(v);
+    if (size >= -1 && size <= 1) { /* one digit: below 2**PyLong_SHIFT <= 2**30 */
+        *out = (int64_t)size * (int64_t)((PyLongObject *)v)->ob_digit[0];
+        return 0;
+    }
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (x == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (overflow || x <= -limit || x >= limit) {
+        return unsupported(self, "turn or token count out of the native engine's range");
+    }
+    *out = (int64_t)x;
+    return 0;
+}
+
+static inline PyObject *
+event_field(const FieldTable *ft, PyObject *ev, int f)
+{
+    PyObject *v = *(PyObject **)((char *)ev + ft->off[f]);
+    if (v == NULL) {
+        if (ft->obj_ex[f]) {
+            PyErr_Format(PyExc_AttributeError, "event field %s is unset", FIELD_NAMES[f]);
+            return NULL;
+        }
+        return Py_None;
+    }
+    return v;
+}
+
+/* Whether label id val (of label_objs, base) is the str `what`. */
+static inline int
+label_is(const void *base, const void *what, int64_t val)
+{
+    PyObject *o = ((PyObject *const *)base)[val];
+    return o == what || str_eq(o, (PyObject *)what);
+}
+
+/* Commit the labeller's decision (IntentLabeller._bounded). */
+static inline int
+label_commit(Core *self, int action, PyObject *label, Py_hash_t h, int64_t id)
+{
+    if (action == 1) {
+        if (GROW(self->label_objs, self->caplabel_objs, self->nlabel_objs + 1) < 0 ||
+            ht_reserve1(&self->labels) < 0) {
+            return -1;
+        }
+        Py_INCREF(label);
+        self->label_objs[self->nlabel_objs++] = label;
+        ht_insert_reserved(&self->labels, h, id);
+    }
+    else if (action == 2) {
+        self->folded++;
+    }
+    return 0;
+}
+
+/* Whether the record at val (idexp slot << 32 | offset) of the lists (base) is request id
+   `what` (a KeyView). */
+static inline int
+rid_is(const void *base, const void *what, int64_t val)
+{
+    const RidHdr *h = (const RidHdr *)(((const SBList *)base)[val >> 32].buf + (val & 0xffffffff));
+    return key_is(what, h + 1, h->nbytes, h->kind);
+}
+
+/* Whether request id k is remembered (ConversationTracker._seen_ids); -1 when the probe
+   sequence is too long. */
+static inline int
+seen_has(const Core *self, const KeyView *k)
+{
+    Py_ssize_t pos = ht_find(&self->seen, k->hash, rid_is, self->idexp.lists, k);
+    return pos >= 0 ? 1 : pos == -1 ? 0 : -1;
+}
+
+/* Remember request id k under second `second` (seen_ids + _id_expiry.add). */
+static int
+seen_add(Core *self, const KeyView *k, int64_t second)
+{
+    if (k->nbytes > UINT32_MAX || ht_reserve1(&self->seen) < 0) {
+        if (!PyErr_Occurred()) {
+            PyErr_NoMemory();
+        }
+        return -1;
+    }
+    int64_t slot = sb_slot(&self->idexp, second);
+    if (slot < 0) {
+        return -1;
+    }
+    size_t off;
+    char *rec = sb_append(&self->idexp, slot, RID_RECORD_SIZE(k->nbytes), &off);
+    if (rec == NULL) {
+        return -1;
+    }
+    if (off > UINT32_MAX) {
+        self->idexp.lists[slot].len = off;
+        PyErr_NoMemory();
+        return -1;
+    }
+    RidHdr *h = (RidHdr *)rec;
+    h->hash = k->hash;
+    h->nbytes = (uint32_t)k->nbytes;
+    h->kind = k->kind;
+    bytes_copy(h + 1, k->data, k->nbytes);
+    ht_insert_reserved(&self->seen, k->hash, (slot << 32) | (int64_t)off);
+    return 0;
+}
+
+/* Pipeline.offer for a parsed event (read through ft): label it, then StatsEngine.apply.
+   default_rid, when not NULL, stands for the event's empty request_id. */
+static int
+apply_fields(Core *self, PyObject *ev, const FieldTable *ft, PyObject *default_rid)
+{
+    PyObject *session = event_field(ft, ev, F_SESSION);
+    PyObject *turn_o = session ? event_field(ft, ev, F_TURN) : NULL;
+    PyObject *ts_o = turn_o ? event_field(ft, ev, F_TS) : NULL;
+    PyObject *input_o = ts_o ? event_field(ft, ev, F_INPUT) : NULL;
+    PyObject *rid = input_o ? event_field(ft, ev, F_RID) : NULL;
+    PyObject *intent_o = rid ? event_field(ft, ev, F_INTENT) : NULL;
+    PyObject *cached_o = intent_o ? event_field(ft, ev, F_CACHED) : NULL;
+    if (cached_o == NULL) {
+        return -1;
+    }
+    if (default_rid != NULL) {
+        rid = default_rid;
+    }
+    if (check_str(self, F_SESSION, session, 0) < 0 || check_int(self, F_TURN, turn_o, 0) < 0 ||
+        check_int(self, F_INPUT, input_o, 0) < 0 || check_str(self, F_RID, rid, 0) < 0 ||
+        check_str(self, F_INTENT, intent_o, 1) < 0 || check_int(self, F_CACHED, cached_o, 1) < 0) {
+        return -1;
+    }
+    if (!PyFloat_CheckExact(ts_o)) {
+        if (PyFloat_Check(ts_o)) {
+            return unsupported(self, "float subclass in an event field");
+        }
+        return type_error_field(F_TS, "float", ts_o);
+    }
+    double ts = PyFloat_AS_DOUBLE(ts_o);
+
+    /* Hash the keys first and prefetch their index slots, so that the misses overlap. */
+    KeyView rk, sk;
+    key_view(session, &sk, self->seed);
+    const HEntry *sess_home = ht_home(&self->sess_tab, sk.hash);
+    if (sess_home != NULL) {
+        __builtin_prefetch(sess_home);
+    }
+    key_view(rid, &rk, self->seed);
+    const HEntry *seen_home = ht_home(&self->seen, rk.hash);
+    if (seen_home != NULL) {
+        __builtin_prefetch(seen_home);
+    }
+
+    /* IntentLabeller.__call__ -> _bounded, decided now, committed below. */
+    PyObject *label = intent_o == Py_None ? self->unknown_label : intent_o;
+    int action = 0; /* 0: known or unknown, 1: add a label, 2: fold */
+    int64_t label_id = 0;
+    Py_hash_t label_hash = 0;
+    if (label != self->unknown_label) {
+        label_hash = str_key_hash(label, self->seed);
+        Py_ssize_t lp = ht_find(&self->labels, label_hash, label_is, self->label_objs, label);
+        if (lp == -2) {
+            return unsupported(self, "colliding intent labels");
+        }
+        if (lp >= 0) {
+            label_id = self->labels.e[lp].val;
+        }
+        else if (str_eq(label, self->unknown_label)) {
+            label_id = 0;
+        }
+        else if ((int64_t)self->labels.used < self->max_labels) {
+            label_id = self->nlabel_objs;
+            if (label_id >= MAX_LABEL_IDS) {
+                return unsupported(self, "too many intent labels for the native engine");
+            }
+            action = 1;
+        }
+        else {
+            action = 2;
+        }
+    }
+
+    /* ConversationTracker.observe: the outcome first, without changing anything. */
+    if (ts < self->newest_ts - self->lateness) {
+        if (label_commit(self, action, label, label_hash, label_id) < 0) {
+            return -1;
+        }
+        return count_reason(self, self->s_too_late, &self->too_late_pos);
+    }
+    if (sess_home != NULL && sess_home->val >= 0 && sess_home->key == (uint64_t)sk.hash) {
+        __builtin_prefetch(&self->sess[sess_home->val]); /* the likely slot of the session */
+    }
+    int dup = seen_has(self, &rk);
+    if (dup < 0) {
+        return unsupported(self, "colliding request ids");
+    }
+    if (dup) {
+        if (label_commit(self, action, label, label_hash, label_id) < 0) {
+            return -1;
+        }
+        self->duplicates++;
+        return 0;
+    }
+    Py_ssize_t spos = sess_find(self, &sk);
+    if (spos == -2) {
+        return unsupported(self, "colliding session ids");
+    }
+    int32_t si = spos >= 0 ? (int32_t)self->sess_tab.e[spos].val : -1;
+    int is_open = si >= 0 && self->meta[si].is_open;
+    if (!is_open && (int64_t)self->open_count >= self->max_open) {
+        if (label_commit(self, action, label, label_hash, label_id) < 0) {
+            return -1;
+        }
+        return count_reason(self, self->s_open_limit, &self->open_limit_pos);
+    }
+
+    /* Accepted: everything the native engine stores must be exact. */
+    int64_t turn, input, cached = 0;
+    int has_cached = cached_o != Py_None;
+    double deadline = ts + self->timeout;
+    double bucket_q = ts / self->bucket_s;
+    if (!(fabs(ts) < TWO52) || !(fabs(deadline) < TWO52) || !(fabs(bucket_q) < TWO52)) {
+        return unsupported(self, "timestamp out of the native engine's range");
+    }
+    if (bounded_int(self, turn_o, SMALL_LIMIT, &turn) < 0 ||
+        bounded_int(self, input_o, SMALL_LIMIT, &input) < 0 ||
+        (has_cached && bounded_int(self, cached_o, TOKENS_LIMIT, &cached) < 0)) {
+        return -1;
+    }
+    if (label_commit(self, action, label, label_hash, label_id) < 0) {
+        return -1;
+    }
+    if (seen_add(self, &rk, floor_i64(ts)) < 0) {
+        return -1;
+    }
+
+    int64_t completed = 0;
+    if (is_open && ts > self->sess[si].last_ts + self->timeout) {
+        /* A resumed session: the idle conversation completes, a new one starts. */
+        completed++;
+        int r = window_add(self, &self->sess[si]);
+        sess_close(self, si);
+        if (r < 0) {
+            return -1;
+        }
+        is_open = 0;
+    }
+    int64_t bs = self->block_size;
+    int64_t blocks = input >= 0 ? (input + bs - 1) / bs : -((-input) / bs);
+    Turn rec = {ts, (int32_t)input, (int32_t)blocks, (int32_t)turn, (int32_t)label_id};
+    if (!is_open) {
+        if (si < 0) {
+            si = sess_new(self, &sk);
+            if (si < 0) {
+                return -1;
+            }
+        }
+        sess_open(self, si, &rec);
+    }
+    else {
+        Sess *c = &self->sess[si];
+        Turn *T = SESS_TURNS(c);
+        Py_ssize_t n = c->n;
+        Py_ssize_t at;
+        int found;
+        if (turn > T[n - 1].turn) {
+            at = n;
+            found = 0;
+        }
+        else if (turn == T[n - 1].turn) {
+            at = n - 1;
+            found = 1;
+        }
+        else {
+            Py_ssize_t lo = 0, hi = n - 1; /* first position with T[pos].turn >= turn */
+            while (lo < hi) {
+                Py_ssize_t mid = lo + (hi - lo) / 2;
+                if (T[mid].turn < turn) {
+                    lo = mid + 1;
+                }
+                else {
+                    hi = mid;
+                }
+            }
+            at = lo;
+            found = T[lo].turn == turn;
+        }
+        if (found) {
+            Turn *p = &T[at];
+            if (ts < p->ts || (ts == p->ts && input < p->input)) {
+                *p = rec;
+            }
+        }
+        else {
+            T = sess_turn_room(c);
+            if (T == NULL) {
+                return -1;
+            }
+            if (at < n) {
+                memmove(&T[at + 1], &T[at], (size_t)(n - at) * sizeof(Turn));
+            }
+            T[at] = rec;
+            c->n = (int32_t)(n + 1);
+        }
+    }
+    if (ts > self->sess[si].last_ts) {
+        int64_t dsec = floor_i64(deadline);
+        int64_t dslot = sb_slot(&self->deadlines, dsec);
+        size_t off;
+        int32_t *item = dslot < 0 ? NULL
+                                  : (int32_t *)sb_append(&self->deadlines, dslot,
+                                                         sizeof(int32_t), &off);
+        if (item == NULL) {
+            return -1;
+        }
+        *item = si;
+        self->meta[si].pending++;
+        self->meta[si].dsec = dsec;
+        self->sess[si].last_ts = ts;
+    }
+    if (ts > self->newest_ts) {
+        self->newest_ts = ts;
+        if (complete_due(self, ts - self->lateness, &completed) < 0) {
+            return -1;
+        }
+    }
+
+    /* StatsEngine.apply */
+    self->processed++;
+    if (arrivals_observe(self, ts, turn, input, has_cached, cached) < 0) {
+        return -1;
+    }
+    self->completions_since_expiry += completed;
+    if (self->completions_since_expiry >= EXPIRE_EVERY_COMPLETIONS) {
+        self->completions_since_expiry = 0;
+        if (window_expire(self, self->newest_ts - self->lateness) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int
+apply_event(Core *self, PyObject *ev)
+{
+    const FieldTable *ft;
+    if (Py_IS_TYPE(ev, self->raw_fields.type)) {
+        ft = &self->raw_fields;
+    }
+    else if (Py_IS_TYPE(ev, self->ev_fields.type)) {
+        ft = &self->ev_fields;
+    }
+    else {
+        PyErr_Format(PyExc_TypeError, "parse returned %.100s, expected %.100s",
+                     Py_TYPE(ev)->tp_name, self->ev_fields.type->tp_name);
+        return -1;
+    }
+    PyObject *session = event_field(ft, ev, F_SESSION);
+    PyObject *turn_o = session ? event_field(ft, ev, F_TURN) : NULL;
+    PyObject *rid = turn_o ? event_field(ft, ev, F_RID) : NULL;
+    if (rid == NULL) {
+        return -1;
+    }
+    if (!(PyUnicode_CheckExact(rid) && PyUnicode_GET_LENGTH(rid) == 0)) {
+        return apply_fields(self, ev, ft, NULL);
+    }
+    /* Event.__post_init__'s default request id, f"{session_id}\x1f{turn}", which the decoder's
+       type leaves to us (the decoder refuses an explicit empty request_id). */
+    if (!PyUnicode_CheckExact(session) || !PyLong_CheckExact(turn_o)) {
+        return apply_fields(self, ev, ft, NULL); /* its checks name the wrong type */
+    }
+    PyObject *default_rid = PyUnicode_FromFormat("%U\x1f%S", session, turn_o);
+    if (default_rid == NULL) {
+        return -1;
+    }
+    int r = apply_fields(self, ev, ft, default_rid);
+    Py_DECREF(default_rid);
+    return r;
+}
+
+/* Whether parse_event returns what its strict decoder gave: no messages to check and no
+   cached_tokens above input_tokens (stats/events.py, parse_event; keep the two in step). */
+static int
+decoded_is_final(Core *self, PyObject *ev)
+{
+    const Py_ssize_t *off = self->raw_fields.off;
+    PyObject *messages = *(PyObject **)((char *)ev + off[F_MESSAGES]);
+    if (messages != NULL && messages != Py_None) {
+        return 0;
+    }
+    PyObject *cached = *(PyObject **)((char *)ev + off[F_CACHED]);
+    PyObject *input = *(PyObject **)((char *)ev + off[F_INPUT]);
+    if (cached == NULL || cached == Py_None) {
+        return 1;
+    }
+    if (input == NULL) {
+        return 0;
+    }
+    int at_most = PyObject_RichCompareBool(cached, input, Py_LE);
+    if (at_most < 0) {
+        PyErr_Clear(); /* the reference path decides */
+        return 0;
+    }
+    return at_most;
+}
+
+/* parse_event(line) without its Python frame: the strict decoder for bytes within the size
+   limit, parse_event itself for whatever the decoder refuses or leaves for a second look (it
+   then decodes again and decides: same outcome, slower, only for those lines). */
+static PyObject *
+parse_line(Core *self, PyObject *line)
+{
+    if (self->decode != Py_None && PyBytes_CheckExact(line) &&
+        PyBytes_GET_SIZE(line) <= self->max_event_bytes) {
+        PyObject *ev = PyObject_CallOneArg(self->decode, line);
+        if (ev == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+                return NULL; /* parse_event catches Exception only */
+            }
+            PyErr_Clear();
+        }
+        else if (Py_IS_TYPE(ev, self->raw_fields.type) && decoded_is_final(self, ev)) {
+            return ev;
+        }
+        else {
+            Py_DECREF(ev);
+        }
+    }
+    return PyObject_CallOneArg(self->parse, line);
+}
+
+static int
+offer_one(Core *self, PyObject *line)
+{
+    PyObject *ev = parse_line(self, line);
+    if (ev == NULL) {
+        PyObject *type, *val, *tb;
+        PyErr_Fetch(&type, &val, &tb);
+        PyErr_NormalizeException(&type, &val, &tb);
+        if (val == NULL || !PyErr_GivenExceptionMatches(val, self->rejected)) {
+            PyErr_Restore(type, val, tb);
+            return -1;
+        }
+        if (tb != NULL) {
+            PyException_SetTraceback(val, tb);
+        }
+        Py_XDECREF(type);
+        Py_XDECREF(tb);
+        Py_INCREF(val);
+        Py_XSETREF(self->last_rejection, val); /* Pipeline.offer keeps it before counting */
+        PyObject *reason = PyObject_GetAttr(val, self->s_reason);
+        Py_DECREF(val);
+        if (reason == NULL) {
+            return -1;
+        }
+        int r = count_reason(self, reason, NULL);
+        Py_DECREF(reason);
+        return r;
+    }
+    int r = apply_event(self, ev);
+    Py_DECREF(ev);
+    return r;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Python methods                                                                              */
+
+static int
+core_ready(Core *self)
+{
+    if (self->parse == NULL || self->decode == NULL || self->decode_type == NULL ||
+        self->rejected == NULL ||
+        self->event_type == NULL || self->delay_type == NULL || self->unknown_label == NULL || self->reason_index == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "ReplayCore has been cleared");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+core_offer_lines(Core *self, PyObject *lines)
+{
+    if (core_ready(self) < 0) {
+        return NULL;
+    }
+    Py_ssize_t count = 0;
+    if (PyList_CheckExact(lines)) {
+        /* A list without an iterator object (its size is read again each time round, and each
+           line held while it is offered, in case the list changes meanwhile). */
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(lines); i++) {
+            PyObject *line = Py_NewRef(PyList_GET_ITEM(lines, i));
+            count++;
+            int r = offer_one(self, line);
+            Py_DECREF(line);
+            if (r < 0) {
+                return NULL;
+            }
+        }
+        return PyLong_FromSsize_t(count);
+    }
+    PyObject *it = PyObject_GetIter(lines);
+    if (it == NULL) {
+        return NULL;
+    }
+    PyObject *line;
+    while ((line = PyIter_Next(it)) != NULL) {
+        count++;
+        int r = offer_one(self, line);
+        Py_DECREF(line);
+        if (r < 0) {
+            Py_DECREF(it);
+            return NULL;
+        }
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    return PyLong_FromSsize_t(count);
+}
+
+/* StatsEngine.finish: tracker.flush() then window.add of each, in order. */
+static PyObject *
+core_finish(Core *self, PyObject *Py_UNUSED(ignored))
+{
+    if (core_ready(self) < 0) {
+        return NULL;
+    }
+    int64_t completed = 0;
+    if (complete_due(self, INFINITY, &completed) < 0) {
+        return NULL;
+    }
+    /* Every open conversation has a deadline entry, so none should be left; be sure. */
+    while (self->open_head >= 0) {
+        int32_t si = self->open_head;
+        int r = window_add(self, &self->sess[si]);
+        sess_close(self, si);
+        if (self->meta[si].pending == 0) {
+            sess_release(self, si);
+        }
+        if (r < 0) {
+            return NULL;
+        }
+    }
+    ht_clear(&self->seen);
+    while (self->idexp.nheap > 0) {
+        int64_t slot;
+        sb_pop(&self->idexp, &slot);
+        sb_release(&self->idexp, slot);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+label_obj(Core *self, int32_t id)
+{
+    PyObject *o = id == 0 ? self->unknown_label : self->label_objs[id];
+    Py_INCREF(o);
+    return o;
+}
+
+static PyObject *
+export_bucket(Core *self, const Bucket *b)
+{
+    PyObject *states = PyList_New(b->ns);
+    PyObject *moms = states ? PyList_New(b->nm) : NULL;
+    PyObject *delays = moms ? PyList_New(b->nd) : NULL;
+    if (delays == NULL) {
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < b->ns; i++) {
+        const StateE *s = &b->states[i];
+        PyObject *t = Py_BuildValue("(NLLL)", label_obj(self, s->intent), (long long)s->turn,
+                                    (long long)s->reached, (long long)s->continued);
+        if (t == NULL) {
+            goto fail;
+        }
+        PyList_SET_ITEM(states, i, t);
+    }
+    for (Py_ssize_t i = 0; i < b->nm; i++) {
+        const MomE *m = &b->moms[i];
+        PyObject *t = Py_BuildValue("(NLLLLLL)", label_obj(self, m->intent),
+                                    (long long)m->conversations, (long long)m->sum_R,
+                                    (long long)m->sum_H, (long long)m->sum_H_hash,
+                                    (long long)m->sum_B, (long long)m->sum_M);
+        if (t == NULL) {
+            goto fail;
+        }
+        PyList_SET_ITEM(moms, i, t);
+    }
+    PyTypeObject *dt = (PyTypeObject *)self->delay_type;
+    for (Py_ssize_t i = 0; i < b->nd; i++) {
+        const DelayE *d = &b->delays[i];
+        PyObject *t = dt->tp_alloc(dt, 4);
+        if (t == NULL) {
+            goto fail;
+        }
+        PyList_SET_ITEM(delays, i, t);
+        PyObject *a = PyFloat_FromDouble(d->delay);
+        PyObject *bl = PyLong_FromLongLong(d->blocks);
+        PyObject *tu = PyLong_FromLongLong(d->turn);
+        if (a == NULL || bl == NULL || tu == NULL) {
+            Py_XDECREF(a);
+            Py_XDECREF(bl);
+            Py_XDECREF(tu);
+            goto fail;
+        }
+        PyTuple_SET_ITEM(t, 0, a);
+        PyTuple_SET_ITEM(t, 1, bl);
+        PyTuple_SET_ITEM(t, 2, label_obj(self, d->intent));
+        PyTuple_SET_ITEM(t, 3, tu);
+        /* A tuple of atoms can be in no cycle: untracked now, as the collector would untrack
+           it at its first look, so that the window's samples do not make a young collection
+           walk them all. */
+        PyObject_GC_UnTrack(t);
+    }
+    return Py_BuildValue("(LLNNN)", (long long)b->index, (long long)b->conversations, states,
+                         moms, delays);
+fail:
+    Py_XDECREF(states);
+    Py_XDECREF(moms);
+    Py_XDECREF(delays);
+    return NULL;
+}
+
+static PyObject *
+rejected_dict(Core *self)
+{
+    PyObject *d = PyDict_New();
+    if (d == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < self->nreasons; i++) {
+        PyObject *c = PyLong_FromLongLong(self->reason_counts[i]);
+        if (c == NULL || PyDict_SetItem(d, self->reason_objs[i], c) < 0) {
+            Py_XDECREF(c);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(c);
+    }
+    return d;
+}
+
+static PyObject *
+core_export(Core *self, PyObject *Py_UNUSED(ignored))
+{
+    if (core_ready(self) < 0) {
+        return NULL;
+    }
+    PyObject *out = NULL, *buckets = NULL, *secs = NULL, *labels = NULL, *v = NULL;
+    buckets = PyList_New(self->nbk_order);
+    if (buckets == NULL) {
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < self->nbk_order; i++) {
+        PyObject *b = export_bucket(self, &self->bk[self->bk_order[i]]);
+        if (b == NULL) {
+            goto fail;
+        }
+        PyList_SET_ITEM(buckets, i, b);
+    }
+    secs = PyList_New(self->nsecs);
+    if (secs == NULL) {
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < self->nsecs; i++) {
+        const SecE *e = &self->secs[i];
+        PyObject *t = Py_BuildValue("(LLLL)", (long long)e->second, (long long)e->starts,
+                                    (long long)e->cached, (long long)e->input);
+        if (t == NULL) {
+            goto fail;
+        }
+        PyList_SET_ITEM(secs, i, t);
+    }
+    labels = PyList_New(self->nlabel_objs > 0 ? self->nlabel_objs - 1 : 0);
+    if (labels == NULL) {
+        goto fail;
+    }
+    for (Py_ssize_t i = 1; i < self->nlabel_objs; i++) {
+        Py_INCREF(self->label_objs[i]);
+        PyList_SET_ITEM(labels, i - 1, self->label_objs[i]);
+    }
+    out = PyDict_New();
+    if (out == NULL) {
+        goto fail;
+    }
+#define PUT(name, expr)                                   \
+    do {                                                  \
+        v = (expr);                                       \
+        if (v == NULL || PyDict_SetItemString(out, name, v) < 0) { \
+            goto fail;                                    \
+        }                                                 \
+        Py_CLEAR(v);                                      \
+    } while (0)
+    PUT("buckets", Py_NewRef(buckets));
+    PUT("arrivals", Py_BuildValue("(OddL)", secs, self->first_start, self->newest_start,
+                                  (long long)self->start_count));
+    PUT("processed", PyLong_FromLongLong(self->processed));
+    PUT("duplicates", PyLong_FromLongLong(self->duplicates));
+    PUT("rejected", rejected_dict(self));
+    PUT("newest_ts", PyFloat_FromDouble(self->newest_ts));
+    PUT("open_conversations", PyLong_FromSsize_t(self->open_count));
+    PUT("labels", Py_NewRef(labels));
+    PUT("folded", PyLong_FromLongLong(self->folded));
+#undef PUT
+    Py_DECREF(buckets);
+    Py_DECREF(secs);
+    Py_DECREF(labels);
+    return out;
+fail:
+    Py_XDECREF(v);
+    Py_XDECREF(out);
+    Py_XDECREF(buckets);
+    Py_XDECREF(secs);
+    Py_XDECREF(labels);
+    return NULL;
+}
+
+static PyObject *
+get_rejected_total(Core *self, void *Py_UNUSED(c))
+{
+    int64_t total = 0;
+    for (Py_ssize_t i = 0; i < self->nreasons; i++) {
+        total += self->reason_counts[i];
+    }
+    return PyLong_FromLongLong(total);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Construction, GC, deallocation                                                              */
+
+static int
+cfg_int(Core *self, PyObject *o, const char *name, int64_t *out)
+{
+    if (!(PyLong_CheckExact(o) || PyBool_Check(o))) {
+        PyErr_Format(self->unsupported, "%s: the native engine needs an int", name);
+        return -1;
+    }
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (x == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (overflow) {
+        x = overflow > 0 ? LLONG_MAX : LLONG_MIN;
+    }
+    *out = (int64_t)x;
+    return 0;
+}
+
+static int
+cfg_float(Core *self, PyObject *o, const char *name, double *out)
+{
+    if (!(PyFloat_CheckExact(o) || PyLong_CheckExact(o) || PyBool_Check(o))) {
+        PyErr_Format(self->unsupported, "%s: the native engine needs a float or an int", name);
+        return -1;
+    }
+    double x = PyFloat_AsDouble(o); /* int: PyLong_AsDouble, as float arithmetic converts it */
+    if (x == -1.0 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Clear();
+            PyErr_Format(self->unsupported, "%s: out of the native engine's range", name);
+        }
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static int
+take_field(FieldTable *ft, int f)
+{
+    PyObject *d = PyObject_GetAttrString((PyObject *)ft->type, FIELD_NAMES[f]);
+    if (d == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "%.100s has no field %s", ft->type->tp_name,
+                         FIELD_NAMES[f]);
+        }
+        return -1;
+    }
+    int ok = Py_IS_TYPE(d, &PyMemberDescr_Type);
+    if (ok) {
+        PyMemberDescrObject *md = (PyMemberDescrObject *)d;
+        PyMemberDef *m = md->d_member;
+        ok = (m->type == T_OBJECT_EX || m->type == T_OBJECT) &&
+             PyType_IsSubtype(ft->type, md->d_common.d_type) && m->offset > 0;
+        if (ok) {
+            ft->off[f] = m->offset;
+            ft->obj_ex[f] = m->type == T_OBJECT_EX;
+        }
+    }
+    Py_DECREF(d);
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError, "%.100s.%s is not an object member descriptor",
+                     ft->type->tp_name, FIELD_NAMES[f]);
+        return -1;
+    }
+    return 0;
+}
+
+static char *core_kwlist[] = {
+    "block_size", "completion_timeout_s", "allowed_lateness_s", "max_turn",
+    "window_conversations", "window_max_age_s", "bucket_s", "rate_window_s",
+    "max_open_conversations", "max_labels", "unknown_label", "parse", "rejected", "event_type",
+    "delay_type", "decode", "decode_type", "max_event_bytes", NULL,
+};
+
+static PyObject *
+core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *a[18] = {NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$OOOOOOOOOOOOOOOOOO:ReplayCore", core_kwlist,
+                                     &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6], &a[7],
+                                     &a[8], &a[9], &a[10], &a[11], &a[12], &a[13], &a[14],
+                                     &a[15], &a[16], &a[17])) {
+        return NULL;
+    }
+    for (int i = 0; i < 18; i++) {
+        if (a[i] == NULL) {
+            PyErr_Format(PyExc_TypeError, "ReplayCore() missing required keyword argument '%s'",
+                         core_kwlist[i]);
+            return NULL;
+        }
+    }
+    PyObject *mod = PyType_GetModule(type);
+    if (mod == NULL) {
+        return NULL;
+    }
+    ModState *ms = PyModule_GetState(mod);
+    if (ms == NULL) {
+        return NULL;
+    }
+    Core *self = (Core *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    /* Sentinels first: tp_dealloc must be able to run from here on. */
+    self->unsupported = Py_NewRef(ms->unsupported);
+    self->sess_free = self->open_head = self->open_tail = -1;
+    self->deadlines.cache_slot = self->idexp.cache_slot = -1;
+    self->bk_cache_slot = -1;
+    self->too_late_pos = self->open_limit_pos = -1;
+    self->newest_ts = -INFINITY;
+    self->first_start = INFINITY;
+    self->newest_start = -INFINITY;
+
+    double bucket_s;
+    if (cfg_int(self, a[0], "block_size", &self->block_size) < 0 ||
+        cfg_float(self, a[1], "completion_timeout_s", &self->timeout) < 0 ||
+        cfg_float(self, a[2], "allowed_lateness_s", &self->lateness) < 0 ||
+        cfg_int(self, a[3], "max_turn", &self->max_turn) < 0 ||
+        cfg_int(self, a[4], "window_conversations", &self->window_conversations) < 0 ||
+        cfg_float(self, a[5], "window_max_age_s", &self->max_age) < 0 ||
+        cfg_float(self, a[6], "bucket_s", &bucket_s) < 0 ||
+        cfg_int(self, a[7], "rate_window_s", &self->rate_window) < 0 ||
+        cfg_int(self, a[8], "max_open_conversations", &self->max_open) < 0 ||
+        cfg_int(self, a[9], "max_labels", &self->max_labels) < 0) {
+        goto fail;
+    }
+    self->bucket_s = bucket_s;
+    if (self->block_size < 1) {
+        unsupported(self, "block_size must be >= 1");
+        goto fail;
+    }
+    if (self->block_size > SMALL_LIMIT) { /* same ceil(input / block_size), |input| < 2**30 */
+        self->block_size = SMALL_LIMIT;
+    }
+    if (!isfinite(self->timeout) || !isfinite(self->lateness)) {
+        unsupported(self, "completion_timeout_s and allowed_lateness_s must be finite");
+        goto fail;
+    }
+    if (self->max_turn <= -SMALL_LIMIT) {
+        unsupported(self, "max_turn out of the native engine's range");
+        goto fail;
+    }
+    if (self->max_turn > SMALL_LIMIT) { /* never reached by a turn below 2**30 */
+        self->max_turn = SMALL_LIMIT;
+    }
+    if (!(bucket_s > 0.0) || !isfinite(bucket_s) ||
+        (!PyFloat_CheckExact(a[6]) && bucket_s > 1125899906842624.0 /* 2**50 */)) {
+        unsupported(self, "bucket_s out of the native engine's range");
+        goto fail;
+    }
+    if (self->rate_window < 1 || self->rate_window > TOKENS_LIMIT) {
+        unsupported(self, "rate_window_s out of the native engine's range");
+        goto fail;
+    }
+    if (!PyUnicode_Check(a[10])) {
+        PyErr_SetString(PyExc_TypeError, "unknown_label must be a str");
+        goto fail;
+    }
+    if (!PyUnicode_CheckExact(a[10])) {
+        unsupported(self, "unknown_label is a str subclass");
+        goto fail;
+    }
+    if (PyUnicode_READY(a[10]) < 0) {
+        goto fail;
+    }
+    if (!PyCallable_Check(a[11])) {
+        PyErr_SetString(PyExc_TypeError, "parse must be callable");
+        goto fail;
+    }
+    if (!PyType_Check(a[12]) || !PyType_IsSubtype((PyTypeObject *)a[12],
+                                                  (PyTypeObject *)PyExc_BaseException)) {
+        PyErr_SetString(PyExc_TypeError, "rejected must be an exception class");
+        goto fail;
+    }
+    if (!PyType_Check(a[13])) {
+        PyErr_SetString(PyExc_TypeError, "event_type must be a type");
+        goto fail;
+    }
+    if (!PyType_Check(a[14]) || !PyType_IsSubtype((PyTypeObject *)a[14], &PyTuple_Type) ||
+        ((PyTypeObject *)a[14])->tp_alloc == NULL) {
+        PyErr_SetString(PyExc_TypeError, "delay_type must be a subclass of tuple");
+        goto fail;
+    }
+    if (a[15] != Py_None && !PyCallable_Check(a[15])) {
+        PyErr_SetString(PyExc_TypeError, "decode must be callable or None");
+        goto fail;
+    }
+    if (!PyType_Check(a[16])) {
+        PyErr_SetString(PyExc_TypeError, "decode_type must be a type");
+        goto fail;
+    }
+    self->max_event_bytes = PyLong_AsSsize_t(a[17]);
+    if (self->max_event_bytes == -1 && PyErr_Occurred()) {
+        goto fail;
+    }
+    self->decode = Py_NewRef(a[15]);
+    self->decode_type = Py_NewRef(a[16]);
+    self->unknown_label = Py_NewRef(a[10]);
+    self->parse = Py_NewRef(a[11]);
+    self->rejected = Py_NewRef(a[12]);
+    self->event_type = Py_NewRef(a[13]);
+    self->delay_type = Py_NewRef(a[14]);
+    self->ev_fields.type = (PyTypeObject *)self->event_type;
+    self->raw_fields.type = (PyTypeObject *)self->decode_type;
+    for (int f = 0; f < N_FIELDS; f++) {
+        if (take_field(&self->ev_fields, f) < 0 || take_field(&self->raw_fields, f) < 0) {
+            goto fail;
+        }
+    }
+    self->s_reason = PyUnicode_InternFromString("reason");
+    self->s_too_late = PyUnicode_InternFromString("too_late");
+    self->s_open_limit = PyUnicode_InternFromString("open_limit");
+    self->reason_index = PyDict_New();
+    if (self->s_reason == NULL || self->s_too_late == NULL || self->s_open_limit == NULL ||
+        self->reason_index == NULL) {
+        goto fail;
+    }
+    {
+        /* The hash seed: Python's randomised str hash of a constant (PYTHONHASHSEED applies). */
+        PyObject *name = PyUnicode_FromString("kvcast.stats.native._replay.ReplayCore");
+        Py_hash_t h = name ? PyObject_Hash(name) : -1;
+        Py_XDECREF(name);
+        if (h == -1) {
+            goto fail;
+        }
+        self->seed = mum((uint64_t)h ^ H_P0, H_P1 ^ (uint64_t)(uintptr_t)self);
+    }
+    if (GROW(self->label_objs, self->caplabel_objs, 1) < 0) {
+        goto fail;
+    }
+    self->label_objs[0] = self->unknown_label; /* borrowed: id 0 is `unknown` */
+    self->nlabel_objs = 1;
+    return (PyObject *)self;
+fail:
+    Py_DECREF(self);
+    return NULL;
+}
+
+/* The references a GC'd struct holds, listed once by their offsets: refs_visit serves its
+   tp_traverse and refs_clear its tp_clear (in the list's order), so the two cannot disagree. */
+#define REF_AT(base, off) (*(PyObject **)((char *)(base) + (off)))
+
+static int
+refs_visit(void *base, const size_t *offs, size_t n, visitproc visit, void *arg)
+{
+    for (size_t i = 0; i < n; i++) {
+        Py_VISIT(REF_AT(base, offs[i]));
+    }
+    return 0;
+}
+
+static void
+refs_clear(void *base, const size_t *offs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        Py_CLEAR(REF_AT(base, offs[i]));
+    }
+}
+
+/* Besides these, the Core holds its type and the reasons' str objects (both visited), and
+   strings that cannot take part in a cycle (dropped in core_dealloc). */
+static const size_t core_refs[] = {
+    offsetof(Core, parse),       offsetof(Core, decode),         offsetof(Core, decode_type),
+    offsetof(Core, rejected),    offsetof(Core, event_type),     offsetof(Core, delay_type),
+    offsetof(Core, unsupported), offsetof(Core, last_rejection), offsetof(Core, reason_index),
+};
+
+static int
+core_traverse(Core *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    int r = refs_visit(self, core_refs, Py_ARRAY_LENGTH(core_refs), visit, arg);
+    if (r != 0) {
+        return r;
+    }
+    for (Py_ssize_t i = 0; i < self->nreasons; i++) {
+        Py_VISIT(self->reason_objs[i]);
+    }
+    return 0;
+}
+
+static int
+core_clear(Core *self)
+{
+    refs_clear(self, core_refs, Py_ARRAY_LENGTH(core_refs));
+    Py_ssize_t n = self->nreasons;
+    self->nreasons = 0;
+    self->too_late_pos = self->open_limit_pos = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_CLEAR(self->reason_objs[i]);
+    }
+    return 0;
+}
+
+static void
+core_dealloc(Core *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    core_clear(self);
+    free(self->reason_objs);
+    free(self->reason_counts);
+    /* labeller */
+    ht_free(&self->labels);
+    for (Py_ssize_t i = 1; i < self->nlabel_objs; i++) {
+        Py_CLEAR(self->label_objs[i]);
+    }
+    free(self->label_objs);
+    /* tracker */
+    for (Py_ssize_t i = 0; i < self->nsess; i++) {
+        free(self->sess[i].kheap);
+        free(self->sess[i].theap);
+    }
+    free(self->sess);
+    free(self->meta);
+    ht_free(&self->sess_tab);
+    ht_free(&self->seen);
+    sb_free(&self->deadlines);
+    sb_free(&self->idexp);
+    /* window */
+    for (Py_ssize_t i = 0; i < self->nbk_order; i++) {
+        bucket_free_contents(&self->bk[self->bk_order[i]]);
+    }
+    free(self->bk);
+    free(self->bk_free);
+    free(self->bk_order);
+    ht_free(&self->bk_map);
+    /* arrivals */
+    free(self->secs);
+    ht_free(&self->sec_map);
+    Py_CLEAR(self->s_reason);
+    Py_CLEAR(self->s_too_late);
+    Py_CLEAR(self->s_open_limit);
+    Py_CLEAR(self->unknown_label);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static PyMethodDef core_methods[] = {
+    {"offer_lines", (PyCFunction)core_offer_lines, METH_O,
+     "offer_lines(lines) -> int: Pipeline.offer for each bytes line, in order."},
+    {"finish", (PyCFunction)core_finish, METH_NOARGS,
+     "finish(): StatsEngine.finish (complete every open conversation)."},
+    {"export", (PyCFunction)core_export, METH_NOARGS,
+     "export() -> dict: the window, arrivals, counters and labeller state."},
+    {NULL, NULL, 0, NULL},
+};
+
+_Static_assert(sizeof(int64_t) == sizeof(long long), "T_LONGLONG members hold int64_t");
+
+static PyMemberDef core_members[] = {
+    {"processed", T_LONGLONG, offsetof(Core, processed), READONLY, "accepted events"},
+    {"duplicates", T_LONGLONG, offsetof(Core, duplicates), READONLY, "duplicate events"},
+    {"open_conversations", T_PYSSIZET, offsetof(Core, open_count), READONLY,
+     "open conversations"},
+    {"newest_ts", T_DOUBLE, offsetof(Core, newest_ts), READONLY, "newest accepted event time"},
+    {"last_rejection", T_OBJECT, offsetof(Core, last_rejection), READONLY, /* NULL: None */
+     "the last parse rejection"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef core_getset[] = {
+    {"rejected_total", (getter)get_rejected_total, NULL, "rejected events (all reasons)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot core_slots[] = {
+    {Py_tp_new, core_new},
+    {Py_tp_dealloc, core_dealloc},
+    {Py_tp_traverse, core_traverse},
+    {Py_tp_clear, core_clear},
+    {Py_tp_methods, core_methods},
+    {Py_tp_members, core_members},
+    {Py_tp_getset, core_getset},
+    {Py_tp_doc, "ReplayCore(**config): the native replay engine (see stats/native/_replay.c)."},
+    {0, NULL},
+};
+
+static PyType_Spec core_spec = {
+    .name = "kvcast.stats.native._replay.ReplayCore",
+    .basicsize = sizeof(Core),
+    .itemsize = 0,
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .slots = core_slots,
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* Module                                                                                      */
+
+static int
+mod_exec(PyObject *m)
+{
+    ModState *st = PyModule_GetState(m);
+    st->unsupported = PyErr_NewExceptionWithDoc(
+        "kvcast.stats.native._replay.ReplayUnsupported",
+        "The input or configuration is outside what the native engine reproduces exactly.",
+        PyExc_Exception, NULL);
+    if (st->unsupported == NULL || PyModule_AddObjectRef(m, "ReplayUnsupported", st->unsupported) < 0) {
+        return -1;
+    }
+    st->core_type = PyType_FromModuleAndSpec(m, &core_spec, NULL);
+    if (st->core_type == NULL || PyModule_AddObjectRef(m, "ReplayCore", st->core_type) < 0) {
+        return -1;
+    }
+    return 0;
+}
+
+static const size_t mod_refs[] = {offsetof(ModState, unsupported), offsetof(ModState, core_type)};
+
+static int
+mod_traverse(PyObject *m, visitproc visit, void *arg)
+{
+    ModState *st = PyModule_GetState(m);
+    return st != NULL ? refs_visit(st, mod_refs, Py_ARRAY_LENGTH(mod_refs), visit, arg) : 0;
+}
+
+static int
+mod_clear(PyObject *m)
+{
+    ModState *st = PyModule_GetState(m);
+    if (st != NULL) {
+        refs_clear(st, mod_refs, Py_ARRAY_LENGTH(mod_refs));
+    }
+    return 0;
+}
+
+static void
+mod_free(void *m)
+{
+    mod_clear((PyObject *)m);
+}
+
+static PyModuleDef_Slot mod_slots[] = {
+    {Py_mod_exec, mod_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef replay_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "kvcast.stats.native._replay",
+    .m_doc = "Native replay engine: exactly the statistics of Pipeline + StatsEngine.",
+    .m_size = sizeof(ModState),
+    .m_slots = mod_slots,
+    .m_traverse = mod_traverse,
+    .m_clear = mod_clear,
+    .m_free = mod_free,
+};
+
+PyMODINIT_FUNC
+PyInit__replay(void)
+{
+    return PyModuleDef_Init(&replay_module);
+}

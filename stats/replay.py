@@ -1,0 +1,144 @@
+"""A finite log's statistics: the Python replay engine, the native one, and the reference.
+
+Every payload goes through the one ingest step (:func:`kvcast.stats.ingest.ingest`: parse,
+label, apply), the same the daemon runs per partition, so a file replayed at any speed gives
+exactly the numbers the live daemon would. :func:`replay_lines` may instead use the native
+engine, which applies the same rules in C and is tested equal to this.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, defaultdict
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from kvcast.stats.config import StatsConfig
+from kvcast.stats.engine import StatsEngine
+from kvcast.stats.events import EventRejected
+from kvcast.stats.ingest import EngineTarget, ingest
+from kvcast.stats.labeller import MAX_INTENT_LABELS, IntentLabeller
+from kvcast.stats.native.replay import NativeReplay, ReplayUnsupported, native_available
+from kvcast.stats.snapshot import Snapshot
+
+log = logging.getLogger(__name__)
+
+
+class Pipeline:
+    """The Python replay engine: raw payloads through :func:`ingest` into a :class:`StatsEngine`.
+
+    The daemon runs the same ingest step per partition (``kvcast.daemon.runner``); the native
+    engine (``kvcast.stats.native``) is specified against it.
+    """
+
+    def __init__(self, config: StatsConfig, labeller: IntentLabeller | None = None) -> None:
+        self.engine = StatsEngine(config)
+        self.labeller = labeller or IntentLabeller()
+        self.last_rejection: EventRejected | None = None
+        self._target = EngineTarget(self.engine)
+
+    def offer(self, payload: bytes | str) -> bool:
+        """Process one raw payload; return whether it was valid (late/duplicate count as valid)."""
+        rejection = ingest(((self._target, 0, payload),), self.labeller)
+        if rejection is not None:
+            self.last_rejection = rejection
+            return False
+        return True
+
+    def offer_all(self, payloads: Iterable[bytes | str]) -> None:
+        """Process payloads in order (those between two rejections are labelled together)."""
+        target = self._target
+        rejection = ingest(((target, 0, payload) for payload in payloads), self.labeller)
+        if rejection is not None:
+            self.last_rejection = rejection
+
+
+def offline_statistics(
+    records: Iterable[tuple[Hashable, int, bytes]], config: StatsConfig
+) -> tuple[Snapshot, Counter[str]]:
+    """What the daemon publishes for ``records`` (partition, offset, payload), in one process.
+
+    One pipeline per partition fed in offset order (a partition is the unit of ordering), the
+    partitions' statistics merged, the snapshot taken at the newest event time; with the
+    rejections by reason. The reference the daemon's tests and the soak compare against.
+    """
+    pipelines: dict[Hashable, Pipeline] = defaultdict(lambda: Pipeline(config))
+    for partition, _, payload in sorted(records, key=lambda r: (str(r[0]), r[1])):
+        pipelines[partition].offer(payload)
+    merged = StatsEngine(config)
+    rejected: Counter[str] = Counter()
+    for pipeline in pipelines.values():
+        merged.merge(pipeline.engine)
+        rejected.update(pipeline.engine.counters.rejected)
+    newest = max(p.engine.tracker.newest_event_time for p in pipelines.values())
+    return merged.snapshot(newest), rejected
+
+
+ReplayEngineName = Literal["auto", "native", "python"]
+
+
+@dataclass(frozen=True)
+class ReplayProgress:
+    """Where a replay stands: lines offered, events rejected and duplicates so far."""
+
+    engine: Literal["native", "python"]
+    offered: int
+    rejected: int
+    duplicates: int
+
+
+def replay_lines(
+    open_batches: Callable[[], Iterable[Sequence[bytes]]],
+    config: StatsConfig,
+    *,
+    engine: ReplayEngineName = "auto",
+    on_batch: Callable[[ReplayProgress], None] | None = None,
+) -> StatsEngine:
+    """Every line through the statistics, then the end of input (all conversations complete).
+
+    ``open_batches()`` yields the lines in batches; it is called again, from the start, when
+    the native engine meets a value it cannot represent and the Python engine takes over.
+    ``engine``: ``native`` (the C engine, same numbers, several times faster; RuntimeError when
+    not built), ``python`` (the daemon's engine, per event) or ``auto`` (native when built).
+    ``on_batch`` hears the progress after each batch.
+    """
+    if engine == "native" or (engine == "auto" and native_available()):
+        try:
+            return _replay_native(open_batches, config, on_batch)
+        except ReplayUnsupported as exc:  # e.g. a timestamp of 2**52 s or more
+            log.warning("native replay engine: %s; replaying with the Python engine", exc)
+    return _replay_python(open_batches, config, on_batch)
+
+
+def _replay_native(
+    open_batches: Callable[[], Iterable[Sequence[bytes]]],
+    config: StatsConfig,
+    on_batch: Callable[[ReplayProgress], None] | None,
+) -> StatsEngine:
+    replay = NativeReplay(config, max_labels=MAX_INTENT_LABELS)
+    offered = 0
+    for batch in open_batches():
+        offered += replay.offer_lines(batch)
+        if on_batch is not None:
+            on_batch(ReplayProgress("native", offered, replay.rejected_total, replay.duplicates))
+    replay.finish()
+    return replay.to_engine()
+
+
+def _replay_python(
+    open_batches: Callable[[], Iterable[Sequence[bytes]]],
+    config: StatsConfig,
+    on_batch: Callable[[ReplayProgress], None] | None,
+) -> StatsEngine:
+    pipeline = Pipeline(config)
+    counters = pipeline.engine.counters
+    offered = 0
+    for batch in open_batches():
+        pipeline.offer_all(batch)
+        offered += len(batch)
+        if on_batch is not None:
+            rejected = sum(counters.rejected.values())
+            on_batch(ReplayProgress("python", offered, rejected, counters.duplicates))
+    pipeline.engine.finish()
+    return pipeline.engine

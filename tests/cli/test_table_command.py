@@ -1,0 +1,103 @@
+"""``kvcast table`` from a replay file, from a daemon's HTTP server and from Redis."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from prometheus_client import CollectorRegistry
+
+from kvcast.cli.main import cli
+from kvcast.daemon.stores.redis_store import RedisStore
+from kvcast.exporters.http_server import HttpServer
+
+TABLE = {
+    "version": 3,
+    "generated_at": 1234.5,
+    "window_conversations": 42,
+    "defaults": {"p_continue": 0.5, "median_reuse_s": 150.0},
+    "states": [
+        {"intent": "coding", "turn": 2, "p_continue": 0.75, "median_reuse_s": 33.0, "mu": 3.5,
+         "sigma": 0.4, "conversations": 20, "delay_samples": 15},
+        {"intent": "coding", "turn": 1, "p_continue": 0.8, "median_reuse_s": 150.0, "mu": None,
+         "sigma": None, "conversations": 25, "delay_samples": 0},
+    ],
+}  # fmt: skip
+
+
+class State:
+    def __init__(self, table: dict[str, Any] | None) -> None:
+        self.table = table
+
+    def forecast_document(self) -> None:
+        return None
+
+    def table_document(self) -> dict[str, Any] | None:
+        return self.table
+
+    def readiness(self) -> tuple[bool, dict[str, str]]:
+        return True, {}
+
+    def liveness(self) -> tuple[bool, str]:
+        return True, "ok"
+
+
+def invoke(*args: str) -> Any:
+    return CliRunner().invoke(cli, ["table", *args], catch_exceptions=False)
+
+
+def events(path: Path) -> Path:
+    lines = []
+    for session in range(6):
+        start = session * 10.0
+        for turn in (1, 2, 3)[: 1 + session % 3]:
+            lines.append({"session_id": f"s{session}", "turn": turn, "intent": "coding",
+                          "timestamp": start + 20.0 * turn, "input_tokens": 100 * turn,
+                          "output_tokens": 10})  # fmt: skip
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return path
+
+
+def test_table_from_a_replay(tmp_path: Path) -> None:
+    result = invoke("--replay", str(events(tmp_path / "e.jsonl")), "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    states = {(s["intent"], s["turn"]): s for s in doc["states"]}
+    assert states[("coding", 1)]["conversations"] == 6
+    assert states[("coding", 2)]["p_continue"] == pytest.approx(2 / 4)
+    human = invoke("--replay", str(events(tmp_path / "e.jsonl")))
+    assert "3 states over 1 intents" in human.output
+    assert "coding                          2      0.500" in human.output
+
+
+def test_table_over_http_and_when_nothing_answers() -> None:
+    server = HttpServer("127.0.0.1", 0, State(TABLE), CollectorRegistry())
+    server.start()
+    try:
+        result = invoke("--http", server.url)
+        assert result.exit_code == 0, result.output
+        lines = result.output.splitlines()
+        assert lines[0] == f"priority table version 3 from {server.url}/v1/table"
+        assert "1 without delay samples" in lines[2]
+        rows = [line.split() for line in lines[6:]]
+        assert [row[:4] for row in rows] == [["coding", "1", "0.800", "150.0"],
+                                             ["coding", "2", "0.750", "33.0"]]  # fmt: skip
+        assert json.loads(invoke("--http", server.url, "--json").output) == TABLE
+    finally:
+        server.close()
+    result = invoke("--http", server.url)
+    assert result.exit_code == 1 and "Connection refused" in result.output
+    assert invoke("--http", server.url, "--redis", "redis://x").exit_code == 2
+
+
+def test_table_from_redis(redis_url: str, redis_namespace: str) -> None:
+    missing = invoke("--redis", redis_url, "--namespace", redis_namespace)
+    assert missing.exit_code == 1 and "no table published yet" in missing.output
+    store = RedisStore(redis_url, redis_namespace)
+    store.publish_table(TABLE)
+    store.close()
+    result = invoke("--redis", redis_url, "--namespace", redis_namespace, "--json")
+    assert result.exit_code == 0 and json.loads(result.output) == TABLE

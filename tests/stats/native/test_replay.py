@@ -1,0 +1,335 @@
+"""The native replay engine gives exactly the Python engine's statistics (stats/native/replay.py).
+
+The Python pipeline (`Pipeline.offer` per line, then `finish`) is the reference. Equality is
+exact: every window bucket with its states, moments and delays in order, the arrival counters,
+the event counters, the newest event time and the snapshot read from them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvcast.lab.workload.generator import generate
+from kvcast.lab.workload.presets import PRESETS, preset
+from kvcast.stats.config import StatsConfig
+from kvcast.stats.engine import StatsEngine
+from kvcast.stats.labeller import MAX_INTENT_LABELS
+from kvcast.stats.native.replay import NativeReplay, ReplayUnsupported
+from kvcast.stats.replay import Pipeline, replay_lines
+from kvcast.stats.window import DelaySample
+from tests.stats.test_events_decoder import EDGE_CASES, payloads
+from tests.support import canonical, require_native
+
+TINY = StatsConfig(
+    block_size=4,
+    completion_timeout_s=3.0,
+    allowed_lateness_s=1.0,
+    max_turn=3,
+    window_conversations=50,
+    bucket_s=1.0,
+    rate_window_s=2,
+    max_open_conversations=5,
+)
+# Lines the contract rejects, one per kind of problem (parse_event names each).
+BAD_LINES = (
+    b"{broken",
+    b"[1, 2]",
+    b'{"session_id": "s", "turn": 0, "timestamp": 1, "input_tokens": 1, "output_tokens": 1}',
+    b'{"session_id": "s", "turn": 1, "timestamp": -1, "input_tokens": 1, "output_tokens": 1}',
+    b'{"session_id": 7, "turn": 1, "timestamp": 1, "input_tokens": 1, "output_tokens": 1}',
+    b'{"turn": 1, "timestamp": 1, "input_tokens": 1, "output_tokens": 1}',
+    b'{"schema": 2, "session_id": "s", "turn": 1, "timestamp": 1, "input_tokens": 1,'
+    b' "output_tokens": 1}',
+    b'{"session_id": "s", "turn": 1, "timestamp": 1, "input_tokens": 1, "output_tokens": 1,'
+    b' "cached_tokens": 2}',
+    b'{"session_id": "s", "turn": 1, "timestamp": 1, "input_tokens": 1, "output_tokens": 1,'
+    b' "messages": [{"role": "user"}]}',
+)
+# Valid lines that the strict decoder leaves to parse_event's second look (messages to check,
+# an unknown field, a block id beyond int64) or refuses outright (text, not bytes).
+SECOND_LOOK_LINES = (
+    b'{"session_id": "s1", "turn": 2, "timestamp": 3.5, "input_tokens": 40, "output_tokens": 1,'
+    b' "messages": [{"role": "user", "content": "hi"}]}',
+    b'{"session_id": "s2", "turn": 1, "timestamp": 2, "input_tokens": 9, "output_tokens": 1,'
+    b' "from_the_future": true}',
+    b'{"session_id": "s3", "turn": 1, "timestamp": 1, "input_tokens": 9, "output_tokens": 1,'
+    b' "block_hashes": [18446744073709551615]}',
+    b'  {"session_id": "s0", "turn": 3, "timestamp": 4, "input_tokens": 9, "output_tokens": 1}  ',
+)
+
+
+@pytest.fixture(autouse=True)
+def _native_built() -> None:
+    require_native()
+
+
+def python_replay(lines: Sequence[bytes], config: StatsConfig) -> tuple[StatsEngine, Pipeline]:
+    pipeline = Pipeline(config)
+    pipeline.offer_all(lines)
+    pipeline.engine.finish()
+    return pipeline.engine, pipeline
+
+
+def native_replay(
+    lines: Sequence[bytes], config: StatsConfig, batch: int = 1000
+) -> tuple[StatsEngine, NativeReplay]:
+    replay = NativeReplay(config, max_labels=MAX_INTENT_LABELS)
+    for start in range(0, len(lines), batch):
+        assert replay.offer_lines(iter(lines[start : start + batch])) == len(
+            lines[start : start + batch]
+        )
+    replay.finish()
+    return replay.to_engine(), replay
+
+
+def state(engine: StatsEngine) -> tuple:
+    """Everything the engine holds after its input ended, in order, compared exactly."""
+    buckets = [
+        (
+            index,
+            bucket.conversations,
+            [(key, (s.reached, s.continued)) for key, s in bucket.states.items()],
+            list(bucket.moments.items()),
+            bucket.delays,
+        )
+        for index, bucket in engine.window.buckets.items()
+    ]
+    arrivals = engine.arrivals
+    return (
+        buckets,
+        list(arrivals.seconds.items()),
+        arrivals.first_start,
+        arrivals.newest_start,
+        arrivals.start_count,
+        engine.counters.to_dict(),
+        engine.tracker.newest_event_time,
+        engine.tracker.open_conversations,
+    )
+
+
+def assert_same(lines: Sequence[bytes], config: StatsConfig, batch: int = 1000) -> StatsEngine:
+    expected, pipeline = python_replay(lines, config)
+    got, replay = native_replay(lines, config, batch)
+    assert state(got) == state(expected)
+    assert canonical(got.snapshot()) == canonical(expected.snapshot())
+    assert replay.labels() == (pipeline.labeller.labels, pipeline.labeller.folded)
+    for bucket in got.window.buckets.values():
+        assert all(type(delay) is DelaySample for delay in bucket.delays)
+    return got
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_generator_preset_gives_the_python_engines_statistics(name: str) -> None:
+    trace = generate(preset(name), lambda0=2.0, conversations=1500, seed=11)
+    got = assert_same(list(trace.jsonl_lines()), StatsConfig(), batch=777)
+    assert got.counters.processed > 0 and got.window.buckets
+
+
+def test_a_window_that_expires_while_replaying_matches() -> None:
+    trace = generate(preset("mixed"), lambda0=2.0, conversations=4000, seed=5)
+    config = StatsConfig(window_conversations=300, bucket_s=10.0, window_max_age_s=900.0)
+    got = assert_same(list(trace.jsonl_lines()), config)
+    assert sum(b.conversations for b in got.window.buckets.values()) < 4000  # expiry ran
+
+
+def event_line(
+    session: int, turn: int, ts: float, tokens: int, *, intent: str | None, cached: int | None,
+    request_id: str | None,
+) -> bytes:  # fmt: skip
+    event: dict[str, object] = {
+        "session_id": f"s{session}",
+        "turn": turn,
+        "timestamp": ts,
+        "input_tokens": tokens,
+        "output_tokens": 5,
+    }
+    if intent is not None:
+        event["intent"] = intent
+    if cached is not None:
+        event["cached_tokens"] = min(cached, tokens)
+    if request_id is not None:
+        event["request_id"] = request_id
+    return orjson.dumps(event)
+
+
+@st.composite
+def hostile_streams(draw: st.DrawFn) -> tuple[list[bytes], StatsConfig, int]:
+    """Few sessions, clustered and jittered times (late events, resumed sessions, shed
+    conversations), retried turns, repeated request ids, bad lines, gaps in turns."""
+    count = draw(st.integers(1, 120))
+    lines: list[bytes] = []
+    clock = 0.0
+    for _ in range(count):
+        if draw(st.integers(0, 15)) == 0:
+            lines.append(draw(st.sampled_from(BAD_LINES + SECOND_LOOK_LINES)))
+            continue
+        if draw(st.booleans()) and lines:
+            lines.append(draw(st.sampled_from(lines)))  # an exact duplicate (or a bad line again)
+            continue
+        clock += draw(st.sampled_from((0.0, 0.25, 0.5, 1.0, 2.5, 4.0)))
+        jitter = draw(st.sampled_from((0.0, 0.0, -0.5, -1.5, -3.0)))
+        lines.append(
+            event_line(
+                draw(st.integers(0, 7)),
+                draw(st.integers(1, 6)),
+                max(0.0, clock + jitter),
+                draw(st.integers(0, 40)),
+                intent=draw(st.sampled_from((None, "chitchat", "code_generation", "unknown"))),
+                cached=draw(st.none() | st.integers(0, 40)),
+                request_id=draw(st.none() | st.sampled_from(("r1", "r2", "r3"))),
+            )
+        )
+    config = StatsConfig(
+        block_size=draw(st.sampled_from((1, 4, 16))),
+        completion_timeout_s=draw(st.sampled_from((1.0, 3.0, 7.5))),
+        allowed_lateness_s=draw(st.sampled_from((0.0, 1.0, 2.0))),
+        max_turn=draw(st.integers(1, 4)),
+        window_conversations=draw(st.sampled_from((1, 3, 50))),
+        window_max_age_s=draw(st.sampled_from((2.0, 10.0, 86_400.0))),
+        bucket_s=draw(st.sampled_from((0.5, 1.0, 3.0))),
+        rate_window_s=draw(st.integers(1, 3)),
+        max_open_conversations=draw(st.integers(1, 6)),
+    )
+    return lines, config, draw(st.integers(1, 40))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hostile_streams())
+def test_hostile_streams_give_the_python_engines_statistics(
+    case: tuple[list[bytes], StatsConfig, int],
+) -> None:
+    lines, config, batch = case
+    assert_same(lines, config, batch)
+
+
+def test_counters_agree_while_the_input_is_still_open() -> None:
+    trace = generate(preset("mixed"), lambda0=2.0, conversations=800, seed=2)
+    lines = list(trace.jsonl_lines())
+    lines[100:100] = [*BAD_LINES, lines[50], lines[40]]
+    pipeline = Pipeline(TINY)
+    replay = NativeReplay(TINY, max_labels=MAX_INTENT_LABELS)
+    for start in range(0, len(lines), 250):
+        batch = lines[start : start + 250]
+        pipeline.offer_all(batch)
+        replay.offer_lines(batch)
+        counters = pipeline.engine.counters
+        assert replay.processed == counters.processed
+        assert replay.duplicates == counters.duplicates
+        assert replay.rejected_total == sum(counters.rejected.values())
+        assert state(replay.to_engine())[:5] == state(_as_finished(pipeline.engine))[:5]
+    assert replay.last_rejection is not None and pipeline.last_rejection is not None
+    assert replay.last_rejection.reason == pipeline.last_rejection.reason == "wrong_type"
+    assert replay.last_rejection.detail == pipeline.last_rejection.detail
+
+
+def _as_finished(engine: StatsEngine) -> StatsEngine:
+    """The window and arrivals of a running engine, as NativeReplay.to_engine reports them."""
+    return StatsEngine.finished(
+        engine.config,
+        buckets=engine.window.buckets,
+        arrivals=engine.arrivals,
+        counters=engine.counters,
+        newest_ts=engine.tracker.newest_event_time,
+    )
+
+
+def test_labels_beyond_the_limit_fold_into_unknown_as_the_labeller_does() -> None:
+    lines = [
+        event_line(i, 1, float(i), 32, intent=f"label-{i % 80}", cached=None, request_id=None)
+        for i in range(400)
+    ]
+    assert_same(lines, StatsConfig())
+    _, replay = native_replay(lines, StatsConfig())
+    labels, folded = replay.labels()
+    assert len(labels) == MAX_INTENT_LABELS and folded == 400 - 5 * MAX_INTENT_LABELS
+
+
+def test_a_timestamp_beyond_2_52_s_hands_the_replay_to_the_python_engine(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    lines = [
+        event_line(1, 1, 10.0, 32, intent=None, cached=None, request_id=None),
+        event_line(2, 1, 2.0**53, 32, intent=None, cached=None, request_id=None),
+        event_line(1, 2, 20.0, 32, intent=None, cached=None, request_id=None),
+    ]
+    replay = NativeReplay(StatsConfig(), max_labels=MAX_INTENT_LABELS)
+    with pytest.raises(ReplayUnsupported):
+        replay.offer_lines(lines)
+    assert replay.processed == 1  # the lines before it stay applied
+    expected, _ = python_replay(lines, StatsConfig())
+
+    def batches() -> Iterator[list[bytes]]:
+        yield lines
+
+    with caplog.at_level("WARNING", logger="kvcast.stats.replay"):
+        got = replay_lines(batches, StatsConfig(), engine="native")
+    assert state(got) == state(expected)
+    assert "replaying with the Python engine" in caplog.text  # the operator learns why
+
+
+def test_an_error_other_than_a_rejection_propagates_and_keeps_what_came_before() -> None:
+    good = event_line(1, 1, 10.0, 32, intent=None, cached=None, request_id=None)
+    replay = NativeReplay(StatsConfig(), max_labels=MAX_INTENT_LABELS)
+    with pytest.raises(TypeError):
+        replay.offer_lines([good, 12345])  # type: ignore[list-item]
+    assert replay.processed == 1 and replay.rejected_total == 0
+
+
+def test_float_times_keep_every_bit() -> None:
+    times = [1e9 + math.ulp(1e9) * k for k in range(0, 40, 3)] + [0.1 + 0.2, 1 / 3]
+    lines = [
+        event_line(i % 3, 1 + i // 3, ts, 17 + i, intent=None, cached=i, request_id=None)
+        for i, ts in enumerate(sorted(times))
+    ]
+    assert_same(lines, StatsConfig(allowed_lateness_s=1e10))
+
+
+def test_lines_the_strict_decoder_refuses_are_decided_by_parse_event() -> None:
+    lines = [*SECOND_LOOK_LINES, *BAD_LINES, SECOND_LOOK_LINES[0].decode()]
+    got = assert_same(lines, StatsConfig())  # type: ignore[arg-type]
+    assert got.counters.processed == len(SECOND_LOOK_LINES)
+    assert got.counters.duplicates == 1  # the text line repeats the first
+    assert sum(got.counters.rejected.values()) == len(BAD_LINES)
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(payloads(), min_size=1, max_size=4))
+def test_every_payload_is_decided_as_parse_event_decides_it(raws: list[bytes]) -> None:
+    """The native loop's own decoding (EventFields, parse_event's two checks, the default
+    request id) accepts, rejects and reads exactly what parse_event does."""
+    assert_same_or_handed_over(raws, StatsConfig())
+
+
+@pytest.mark.parametrize("raw", EDGE_CASES.values(), ids=EDGE_CASES.keys())
+def test_edge_case_payloads_are_decided_as_parse_event_decides_them(raw: bytes) -> None:
+    assert_same_or_handed_over([raw, raw], StatsConfig())
+
+
+def assert_same_or_handed_over(lines: list[bytes], config: StatsConfig) -> None:
+    """assert_same, or where the native engine cannot represent a value (a timestamp of 2**52 s
+    or more), the replay it hands to the Python engine equals the Python engine's."""
+    try:
+        assert_same(lines, config)
+    except ReplayUnsupported:
+        expected, _ = python_replay(lines, config)
+        assert state(replay_lines(lambda: [lines], config, engine="native")) == state(expected)
+
+
+@pytest.mark.parametrize("session", ["s", "é-1", "日本", "🙂x"])
+def test_a_left_out_request_id_is_the_contracts_default_in_every_string_width(
+    session: str,
+) -> None:
+    base = {"session_id": session, "turn": 3, "timestamp": 5.0, "input_tokens": 9}
+    lines = [
+        orjson.dumps({**base, "output_tokens": 1}),
+        orjson.dumps({**base, "output_tokens": 2, "request_id": f"{session}\x1f3"}),
+        orjson.dumps({**base, "output_tokens": 3, "turn": 4}),
+    ]
+    got = assert_same(lines, StatsConfig())
+    assert got.counters.duplicates == 1 and got.counters.processed == 2
