@@ -1,4 +1,8 @@
-"""Command-line flags shared by the commands that run the statistics (``replay``, ``run``).
+"""Command-line flags shared by several commands, each declared once here.
+
+The statistics flags (``replay``, ``run``, ``table``), the cache being forecast, the block size
+(also ``forecast``, ``simulate``, ``generate``) and the classifier's backbone and taxonomy
+(``classify``, ``train-head``).
 
 Every flag also reads the environment variable ``KVCAST_`` + its name in capitals
 (``--block-size`` reads ``KVCAST_BLOCK_SIZE``), shown in ``--help``; flags win over the
@@ -18,9 +22,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _DEFAULTS = StatsConfig()
 
+BLOCK_SIZE = click.IntRange(min=1)
+BLOCK_SIZE_HELP = "Tokens per KV block."
+
 # (flag, StatsConfig field, click type, help)
 _STATS_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
-    ("--block-size", "block_size", click.IntRange(min=1), "Tokens per KV block."),
+    ("--block-size", "block_size", BLOCK_SIZE, BLOCK_SIZE_HELP),
     (
         "--completion-timeout",
         "completion_timeout_s",
@@ -126,3 +133,32 @@ def capacity_options(command: F) -> F:
         help="KV cache capacity of one instance, in blocks (default: the paper's 40 GB prefiller).",
     )(command)
     return command
+
+
+def block_size_option(command: F) -> F:
+    """``--block-size`` alone, for the commands that take no other statistics flag."""
+    return click.option(
+        "--block-size",
+        type=BLOCK_SIZE,
+        default=_DEFAULTS.block_size,
+        show_default=True,
+        help=BLOCK_SIZE_HELP,
+    )(command)
+
+
+TAXONOMY_CHOICE = click.Choice(["30", "20", "10"])
+
+
+def backbone_options(command: F) -> F:
+    """The flags that choose the backbone and the head (shared with ``train-head``)."""
+    command = click.option(
+        "--device", default=None, help="torch device (default: cuda when present, else cpu)."
+    )(command)
+    return click.option(
+        "--backbone",
+        type=click.Path(file_okay=False),
+        default=None,
+        help="Local directory of the embedding model (default: "
+        "intfloat/multilingual-e5-large-instruct from the model cache, else the packaged "
+        "all-MiniLM-L6-v2).",
+    )(command)

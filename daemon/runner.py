@@ -19,7 +19,8 @@ from typing import TextIO
 
 import orjson
 
-from kvcast.daemon.publisher import Publisher, format_status
+from kvcast.daemon.published import format_status
+from kvcast.daemon.publisher import Publisher
 from kvcast.daemon.settings import DaemonSettings
 from kvcast.daemon.sources.base import EventSource, Record
 from kvcast.daemon.stores import StaleOwner, StateStore, StoreUnavailable
@@ -50,6 +51,7 @@ class Daemon:
         self.store = store
         self.source = source
         self.publisher = publisher
+        self.published = publisher.published
         self.labeller = labeller or IntentLabeller()
         self._status_out = status_out
         self.status_json = False
@@ -82,7 +84,7 @@ class Daemon:
         next_status = self._clock() + self.settings.status_interval_s
         try:
             while not self._stop.is_set():
-                self.publisher.heartbeat()
+                self.published.heartbeat()
                 self._step()
                 if self._clock() >= next_status:
                     next_status = self._clock() + self.settings.status_interval_s
@@ -210,7 +212,7 @@ class Daemon:
                     self._reload(partition)
                     break
                 queue.popleft()
-                self.publisher.committed(partition, delta)
+                self.published.committed(partition, delta)
         self._store_recovered()
 
     def _reload(self, partition: str) -> None:
@@ -221,14 +223,14 @@ class Daemon:
     def _store_failed(self, exc: Exception) -> None:
         self._backoff_s = min(max(self._backoff_s * 2, 0.2), self.settings.max_backoff_s)
         self._retry_at = self._clock() + self._backoff_s
-        self.publisher.set_component("store", f"unavailable: {exc}")
+        self.published.set_component("store", f"unavailable: {exc}")
         log.warning("state store unavailable (%s); retrying in %.1f s", exc, self._backoff_s)
 
     def _store_recovered(self) -> None:
         if self._backoff_s:
             log.info("state store reachable again")
         self._backoff_s = 0.0
-        self.publisher.set_component("store", "ok")
+        self.published.set_component("store", "ok")
         if self._paused_for_store:
             self._paused_for_store = False
             self.source.resume(list(self._engines))
@@ -246,8 +248,8 @@ class Daemon:
         then, seen_then = self._status_mark
         self._status_mark = (now, seen)
         rate = (seen - seen_then) / (now - then) if now > then else 0.0
-        self.publisher.set_lag(self.source.lag())
-        status = self.publisher.status(rate)
+        self.published.set_lag(self.source.lag())
+        status = self.published.status(rate)
         line = orjson.dumps(status).decode() if self.status_json else format_status(status)
         if self._status_out is None:
             log.info(line)

@@ -24,11 +24,13 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 from kvcast.daemon.gc_tuning import tune_for_streaming
 from kvcast.daemon.instance import build_instance, open_store_and_source
 from kvcast.daemon.settings import DaemonSettings
+from kvcast.exporters.view import MetricsView
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +97,7 @@ class WorkerPool:
         self._watcher.join(timeout=2)
         return 1 if self.failure is not None else code
 
-    def merge_into(self, view: dict[str, Any]) -> dict[str, Any]:
+    def merge_into(self, view: MetricsView) -> MetricsView:
         """The primary's metrics view with the workers' latest figures added in."""
         with self._lock:
             views = list(self._views.values())
@@ -123,29 +125,35 @@ class WorkerPool:
                     break
 
 
-def merge_views(primary: dict[str, Any], workers: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Add the workers' per-process figures to the primary's metrics view (a new dict).
+def merge_views(primary: MetricsView, workers: Iterable[MetricsView]) -> MetricsView:
+    """Add the workers' per-process figures to the primary's metrics view (a new view).
 
     Counters and histograms add up; the lag adds up (each process reads its own partitions);
     a component is "ok" only when it is in every process.
     """
-    merged = dict(primary)
-    merged["components"] = dict(primary.get("components") or {})
+    commits, lag = primary.commits, primary.lag
+    components = dict(primary.components)
+    latency = dict(primary.store_latency)
+    classifier = primary.classifier
     for view in workers:
-        merged["commits"] = merged.get("commits", 0) + view.get("commits", 0)
-        if view.get("lag") is not None:
-            merged["lag"] = (merged.get("lag") or 0) + view["lag"]
-        for name, state in (view.get("components") or {}).items():
-            if merged["components"].get(name, "ok") == "ok" and state != "ok":
-                merged["components"][name] = state
-        latency = dict(merged.get("store_latency") or {})
-        for operation, histogram in (view.get("store_latency") or {}).items():
+        commits += view.commits
+        if view.lag is not None:
+            lag = (lag or 0) + view.lag
+        for name, state in view.components.items():
+            if components.get(name, "ok") == "ok" and state != "ok":
+                components[name] = state
+        for operation, histogram in view.store_latency.items():
             latency[operation] = _add_histograms(latency.get(operation), histogram)
-        if latency:
-            merged["store_latency"] = latency
-        if view.get("classifier") is not None:
-            merged["classifier"] = _add_classifier(merged.get("classifier"), view["classifier"])
-    return merged
+        if view.classifier is not None:
+            classifier = _add_classifier(classifier, view.classifier)
+    return replace(
+        primary,
+        commits=commits,
+        lag=lag,
+        components=components,
+        store_latency=latency,
+        classifier=classifier,
+    )
 
 
 def _add_histograms(left: dict[str, Any] | None, right: dict[str, Any]) -> dict[str, Any]:
@@ -195,8 +203,8 @@ def worker_main(
                 log.error("primary process %d is gone: stopping", primary_pid)
                 daemon.request_stop()
                 return
-            view = publisher.metrics_view()
-            reports.put((index, {k: v for k, v in view.items() if k not in ("forecast", "table")}))
+            view = publisher.published.metrics_view()
+            reports.put((index, replace(view, forecast=None, table=None)))
             time.sleep(REPORT_INTERVAL_S)
 
     threading.Thread(target=report, name="kvcast-report", daemon=True).start()

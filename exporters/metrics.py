@@ -1,8 +1,9 @@
 """Every Prometheus metric kvcast exports, declared here and read at scrape time.
 
-A custom collector turns the publisher's ``metrics_view()`` into metric families when
-Prometheus scrapes, so business code never calls a metrics client. ``describe()`` is defined
-so registering the collector does not trigger a collection. Label cardinality is bounded:
+A custom collector turns the daemon's :class:`~kvcast.exporters.view.MetricsView` into
+metric families when Prometheus scrapes, so business code never calls a metrics client.
+``describe()`` is defined so registering the collector does not trigger a collection. Label
+cardinality is bounded:
 ``intent`` by the taxonomy (at most 64 labels, the rest folded into ``unknown``), ``turn`` by
 ``max_turn`` (32), ``reason`` by the fixed rejection reasons, ``target`` by configuration.
 """
@@ -22,6 +23,8 @@ from prometheus_client.core import (
     InfoMetricFamily,
 )
 from prometheus_client.registry import Collector
+
+from kvcast.exporters.view import MetricsView
 
 # name -> (kind, help ending in its unit in brackets, labels); kinds: gauge, counter, info,
 # histogram. Counters are exposed with `_total`, info as `_info`.
@@ -150,9 +153,9 @@ def _family(name: str) -> Any:
 
 
 class KvcastCollector(Collector):
-    """Reads ``view()`` (the publisher's ``metrics_view``) once per scrape."""
+    """Reads ``view()`` (the daemon's ``Published.metrics_view``) once per scrape."""
 
-    def __init__(self, view: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, view: Callable[[], MetricsView]) -> None:
         self._view = view
         try:
             self._version = version("kvcast")
@@ -165,7 +168,7 @@ class KvcastCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         view = self._view()
-        forecast = view.get("forecast") or {}
+        forecast = view.forecast or {}
         families = {name: _family(name) for name in METRICS}
         for name, key in _FORECAST_GAUGES.items():
             value = forecast.get(key)
@@ -176,7 +179,7 @@ class KvcastCollector(Collector):
                 families["kvcast_required_capacity_blocks"].add_metric(
                     [f"{required['target']:g}"], float(required["blocks"])
                 )
-        table = view.get("table")
+        table = view.table
         if table is not None:
             families["kvcast_table_version"].add_metric([], float(table["version"]))
             for state in table["states"]:
@@ -187,20 +190,20 @@ class KvcastCollector(Collector):
             families["kvcast_forecast_age_seconds"].add_metric(
                 [], max(time.time() - forecast["computed_at"], 0.0)
             )
-        counters = view.get("counters") or {}
+        counters = view.counters
         families["kvcast_events"].add_metric([], float(counters.get("processed", 0)))
         families["kvcast_events_duplicate"].add_metric([], float(counters.get("duplicates", 0)))
         for reason, count in (counters.get("rejected_by_reason") or {}).items():
             families["kvcast_events_rejected"].add_metric([reason], float(count))
-        families["kvcast_commits"].add_metric([], float(view.get("commits", 0)))
-        families["kvcast_forecast_compute_seconds"].add_metric([], view.get("refresh_seconds", 0.0))
-        if view.get("lag") is not None:
-            families["kvcast_consumer_lag_events"].add_metric([], float(view["lag"]))
-        store_state = (view.get("components") or {}).get("store")
+        families["kvcast_commits"].add_metric([], float(view.commits))
+        families["kvcast_forecast_compute_seconds"].add_metric([], view.refresh_seconds)
+        if view.lag is not None:
+            families["kvcast_consumer_lag_events"].add_metric([], float(view.lag))
+        store_state = view.components.get("store")
         families["kvcast_store_up"].add_metric([], 1.0 if store_state == "ok" else 0.0)
         families["kvcast_build"].add_metric([], {"version": self._version})
-        self._classifier(view.get("classifier"), families)
-        for operation, latency in (view.get("store_latency") or {}).items():
+        self._classifier(view.classifier, families)
+        for operation, latency in view.store_latency.items():
             families["kvcast_store_operation_seconds"].add_metric(
                 [operation], buckets=_buckets(latency), sum_value=latency["sum"]
             )
@@ -229,7 +232,7 @@ def _buckets(latency: dict[str, Any]) -> list[tuple[str, float]]:
     ]
 
 
-def build_registry(view: Callable[[], dict[str, Any]]) -> CollectorRegistry:
+def build_registry(view: Callable[[], MetricsView]) -> CollectorRegistry:
     """A fresh registry holding only kvcast's collector (never the global default one)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(KvcastCollector(view))

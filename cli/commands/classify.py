@@ -8,22 +8,7 @@ import sys
 import click
 import orjson
 
-TAXONOMY_CHOICE = click.Choice(["30", "20", "10"])
-
-
-def backbone_options(command: click.Command) -> click.Command:
-    """The flags that choose the backbone and the head (shared with ``train-head``)."""
-    command = click.option(
-        "--device", default=None, help="torch device (default: cuda when present, else cpu)."
-    )(command)
-    return click.option(
-        "--backbone",
-        type=click.Path(file_okay=False),
-        default=None,
-        help="Local directory of the embedding model (default: "
-        "intfloat/multilingual-e5-large-instruct from the model cache, else the packaged "
-        "all-MiniLM-L6-v2).",
-    )(command)
+from kvcast.cli.options import TAXONOMY_CHOICE, backbone_options
 
 
 @click.command("classify")

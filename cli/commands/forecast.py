@@ -13,8 +13,9 @@ from pathlib import Path
 import click
 import orjson
 
-from kvcast.cli.commands.replay import replay_engine
 from kvcast.cli.delays import parse_delay_spec
+from kvcast.cli.options import block_size_option
+from kvcast.cli.replaying import replay_engine
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.delays import DelayDistribution
 from kvcast.stats.forecast import Forecast, forecast_from_moments, forecast_from_sample
@@ -197,13 +198,7 @@ _MOMENT_FLAGS = (
 @click.option(
     "--capacity-blocks", type=float, callback=_positive, help="HBM capacity per instance (blocks)."
 )
-@click.option(
-    "--block-size",
-    type=click.IntRange(min=1),
-    default=16,
-    show_default=True,
-    help="Tokens per KV block.",
-)
+@block_size_option
 @click.option(
     "--instances",
     type=click.IntRange(min=1),

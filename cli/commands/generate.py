@@ -9,6 +9,7 @@ from typing import Any, BinaryIO
 import click
 import orjson
 
+from kvcast.cli.options import block_size_option
 from kvcast.lab.workload.generator import generate, ground_truth
 from kvcast.lab.workload.presets import PRESETS, preset
 
@@ -55,13 +56,7 @@ def _write(lines: Any, out: BinaryIO) -> None:
     help="Number of conversations instead of a duration.",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option(
-    "--block-size",
-    type=click.IntRange(min=1),
-    default=16,
-    show_default=True,
-    help="KV block size in tokens.",
-)
+@block_size_option
 @click.option(
     "--prompts/--no-prompts",
     default=True,

@@ -270,24 +270,24 @@ def serve(
         instance = build_instance(settings, store, source, status_out=sys.stdout)
     except RuntimeError as exc:
         raise click.UsageError(f"--classifier on: {exc}") from None
-    daemon, publisher = instance.daemon, instance.publisher
+    daemon, published = instance.daemon, instance.publisher.published
     daemon.status_json = status_json
     pool = None
     if settings.workers > 1:
 
         def worker_failed(reason: str) -> None:
-            publisher.set_component("workers", reason)  # /readyz names it while draining
+            published.set_component("workers", reason)  # /readyz names it while draining
             daemon.request_stop()
 
         pool = WorkerPool(settings, log_level, on_failure=worker_failed)
-        publisher.set_component("workers", "ok")
+        published.set_component("workers", "ok")
     view = (
-        publisher.metrics_view
+        published.metrics_view
         if pool is None
-        else lambda: pool.merge_into(publisher.metrics_view())
+        else lambda: pool.merge_into(published.metrics_view())
     )
     host, port = settings.http_host_port()
-    http = HttpServer(host, port, publisher, build_registry(view))
+    http = HttpServer(host, port, published, build_registry(view))
     try:
         http.start()
     except OSError as exc:

@@ -12,6 +12,7 @@ from typing import Any
 import click
 import orjson
 
+from kvcast.cli.options import block_size_option
 from kvcast.lab.sim.measurement import check_fractions
 from kvcast.lab.sim.registry import PolicyUnavailable, get_policy, simulate
 from kvcast.lab.sim.trace import SimTrace
@@ -132,13 +133,7 @@ def _tty_progress(done: int, total: int) -> None:
     show_default=True,
     help="Skip conversations starting in this last fraction of first-turn times.",
 )
-@click.option(
-    "--block-size",
-    type=click.IntRange(min=1),
-    default=16,
-    show_default=True,
-    help="KV block size in tokens.",
-)
+@block_size_option
 @click.option(
     "--learn-fraction",
     type=click.FloatRange(0, 1),

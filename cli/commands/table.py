@@ -59,7 +59,7 @@ def format_table(doc: Mapping[str, Any], source: str) -> str:
 def _load(redis_url: str | None, namespace: str, http: str | None, replay: Path | None,
           config: Any) -> tuple[dict[str, Any] | None, str]:  # fmt: skip
     if replay is not None:
-        from kvcast.cli.commands.replay import replay_engine
+        from kvcast.cli.replaying import replay_engine
         from kvcast.stats.priority import table_document
 
         finished = replay_engine(replay, config)

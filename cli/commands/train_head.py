@@ -8,7 +8,7 @@ import sys
 import click
 import orjson
 
-from kvcast.cli.commands.classify import TAXONOMY_CHOICE, backbone_options
+from kvcast.cli.options import TAXONOMY_CHOICE, backbone_options
 
 
 def _table(title: str, report: dict) -> str:

@@ -349,7 +349,7 @@ def _refresh_cost(workload: CommittedWorkload, redis_url: str, rounds: int = 5) 
         publisher.refresh_once()
         elapsed = time.perf_counter() - started
         commands, cpu_s = _redis_work_since(client, before)
-        forecast = publisher.forecast_document() or {}
+        forecast = publisher.published.forecast_document() or {}
         cost = RefreshCost(
             window_conversations=int(forecast.get("window_conversations") or 0),
             interval_s=settings.refresh_interval_s,

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import orjson
 
-from kvcast.daemon.publisher import capacity_grid
+from kvcast.daemon.refresh import capacity_grid
 from kvcast.lab.bench.processes import DaemonProcess, OwnRedis, wait_until
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.forecast import forecast_from_sample

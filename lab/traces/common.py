@@ -7,6 +7,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+FORMATS = ("mooncake", "bailian", "sharegpt")
+"""The trace formats ``kvcast convert --format`` reads."""
+
 
 class TraceError(ValueError):
     """A bad input record: ``line`` (1-based; for a JSON array, the 1-based item) and why.

@@ -130,7 +130,7 @@ def test_empty_file_reports_no_data(tmp_path: Path) -> None:
 def test_progress_goes_to_the_given_stream_only(log_file: Path) -> None:
     import io
 
-    from kvcast.cli.commands.replay import replay_file
+    from kvcast.cli.replaying import replay_file
     from kvcast.stats.config import StatsConfig
 
     progress = io.StringIO()

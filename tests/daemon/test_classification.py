@@ -92,7 +92,7 @@ def test_events_without_intent_are_classified_in_poll_batches() -> None:
     intents = {state["intent"] for state in table["states"]}
     assert intents == {"code_debugging", "chitchat", "travel"}
     assert max(classifier.batches) > 50  # one batch per poll, not one call per event
-    metrics = build_registry(publisher.metrics_view)
+    metrics = build_registry(publisher.published.metrics_view)
     assert metrics.get_sample_value("kvcast_classifier_latency_seconds_count") == 200
     assert (
         metrics.get_sample_value("kvcast_classifier_fallbacks_total", {"reason": "timed_out"}) == 0
@@ -105,7 +105,7 @@ def test_a_slow_classifier_costs_at_most_the_budget_and_yields_unknown() -> None
     assert time.monotonic() - started < 10
     table = store.read_table()
     assert "unknown" in {state["intent"] for state in table["states"]}
-    metrics = build_registry(publisher.metrics_view)
+    metrics = build_registry(publisher.published.metrics_view)
     assert (
         metrics.get_sample_value("kvcast_classifier_fallbacks_total", {"reason": "timed_out"}) > 0
     )

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import orjson
 
-from kvcast.daemon.publisher import Publisher, format_status
+from kvcast.daemon.published import format_status
+from kvcast.daemon.publisher import Publisher
 from kvcast.daemon.settings import DaemonSettings
 from kvcast.daemon.stores.memory import MemoryStore
 
@@ -15,7 +16,7 @@ def _publisher(*, publishing: bool) -> Publisher:
 
 def test_the_primary_reports_the_instance_counters_and_forecast() -> None:
     publisher = _publisher(publishing=True)
-    status = publisher.status(events_per_s=1234.56)
+    status = publisher.published.status(events_per_s=1234.56)
     assert status["role"] == "primary"
     assert status["events_per_s"] == 1234.6
     assert status["processed"] == status["rejected"] == status["duplicates"] == 0
@@ -29,7 +30,7 @@ def test_the_primary_reports_the_instance_counters_and_forecast() -> None:
 
 def test_a_worker_reports_only_its_own_rate_lag_and_store() -> None:
     publisher = _publisher(publishing=False)
-    status = publisher.status(events_per_s=99.0)
+    status = publisher.published.status(events_per_s=99.0)
     assert status == {
         "role": "worker",
         "events_per_s": 99.0,

@@ -113,10 +113,10 @@ def test_a_finite_source_ends_with_the_reference_statistics(lines: list[bytes]) 
     assert snap.sample.by_intent == expected.snapshot().sample.by_intent
     assert counters.processed == expected.counters.processed
     assert counters.duplicates == 1 and counters.rejected == {"invalid_json": 1}
-    forecast = publisher.forecast_document()
+    forecast = publisher.published.forecast_document()
     assert forecast is not None
     assert forecast["window_conversations"] == expected.snapshot().window_conversations
-    table = publisher.table_document()
+    table = publisher.published.table_document()
     assert table is not None and store.read_table() == table
     assert [s["conversations"] for s in table["states"]] == [
         s.conversations for s in expected.snapshot().states
@@ -132,7 +132,7 @@ def test_a_store_outage_delays_but_never_loses_or_doubles(lines: list[bytes]) ->
     expected = reference(lines)
     assert snap.states == expected.snapshot().states
     assert counters.processed == expected.counters.processed
-    assert publisher.readiness()[1]["store"] == "ok"
+    assert publisher.published.readiness()[1]["store"] == "ok"
 
 
 def test_consumption_pauses_while_too_much_awaits_the_store(lines: list[bytes]) -> None:

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from kvcast.cli.commands.run import run
 from kvcast.daemon.settings import DaemonSettings
 from kvcast.daemon.workers import merge_views
+from kvcast.exporters.view import MetricsView
 from kvcast.lab.bench.processes import DaemonProcess, wait_until
 from kvcast.lab.bench.soak import FAST_FLAGS, STATS_FLAGS, Producer, compare, wait_consumed
 from kvcast.lab.bench.soak import workload as soak_workload
@@ -35,45 +36,46 @@ def histogram(counts: list[int], total: float) -> dict:
 
 
 def test_merged_view_adds_counters_lag_histograms_and_fallbacks() -> None:
-    primary = {
-        "commits": 5,
-        "lag": 10,
-        "counters": {"processed": 100},
-        "components": {"store": "ok", "workers": "ok"},
-        "store_latency": {"commit": histogram([1, 2, 2], 0.25)},
-        "classifier": {
+    primary = MetricsView(
+        commits=5,
+        lag=10,
+        counters={"processed": 100},
+        components={"store": "ok", "workers": "ok"},
+        store_latency={"commit": histogram([1, 2, 2], 0.25)},
+        classifier={
             "latency": histogram([0, 1, 1], 0.125),
             "worker": {"rejected": 1, "timed_out": 0, "device": "cpu"},
         },
-    }
-    worker = {
-        "commits": 7,
-        "lag": 3,
-        "counters": {"processed": 999},  # read from the store by the primary: not added
-        "components": {"store": "unavailable: timeout"},
-        "store_latency": {
+    )
+    worker = MetricsView(
+        commits=7,
+        lag=3,
+        counters={"processed": 999},  # read from the store by the primary: not added
+        components={"store": "unavailable: timeout"},
+        store_latency={
             "commit": histogram([0, 1, 3], 0.5),
             "load_partition": histogram([1, 1, 1], 0.0005),
         },
-        "classifier": {
+        classifier={
             "latency": histogram([1, 1, 2], 0.0625),
             "worker": {"rejected": 2, "timed_out": 4, "device": "cpu"},
         },
-    }
+    )
     merged = merge_views(primary, [worker])
-    assert merged["commits"] == 12 and merged["lag"] == 13
-    assert merged["counters"] == {"processed": 100}
-    assert merged["components"] == {"store": "unavailable: timeout", "workers": "ok"}
-    assert merged["store_latency"]["commit"] == histogram([1, 3, 5], 0.75)
-    assert merged["store_latency"]["load_partition"] == histogram([1, 1, 1], 0.0005)
-    assert merged["classifier"]["latency"] == histogram([1, 2, 3], 0.1875)
-    assert merged["classifier"]["worker"] == {"rejected": 3, "timed_out": 4, "device": "cpu"}
-    assert primary["commits"] == 5 and primary["components"]["store"] == "ok"  # not changed
+    assert merged.commits == 12 and merged.lag == 13
+    assert merged.counters == {"processed": 100}
+    assert merged.components == {"store": "unavailable: timeout", "workers": "ok"}
+    assert merged.store_latency["commit"] == histogram([1, 3, 5], 0.75)
+    assert merged.store_latency["load_partition"] == histogram([1, 1, 1], 0.0005)
+    assert merged.classifier is not None
+    assert merged.classifier["latency"] == histogram([1, 2, 3], 0.1875)
+    assert merged.classifier["worker"] == {"rejected": 3, "timed_out": 4, "device": "cpu"}
+    assert primary.commits == 5 and primary.components["store"] == "ok"  # not changed
 
 
 def test_lag_stays_unknown_until_a_process_knows_it() -> None:
-    assert merge_views({"lag": None}, [{"lag": None}])["lag"] is None
-    assert merge_views({"lag": None}, [{"lag": 4}])["lag"] == 4
+    assert merge_views(MetricsView(lag=None), [MetricsView(lag=None)]).lag is None
+    assert merge_views(MetricsView(lag=None), [MetricsView(lag=4)]).lag == 4
 
 
 @pytest.mark.parametrize(

@@ -64,7 +64,9 @@ def scraped() -> tuple[dict, Publisher]:
     )  # fmt: skip
     store, source = InstrumentedStore(MemoryStore()), ReplaySource(lines, partition="p:0")
     publisher = Publisher(settings, store, source.health, extra_metrics=[store.metrics])
-    server = HttpServer("127.0.0.1", 0, publisher, build_registry(publisher.metrics_view))
+    server = HttpServer(
+        "127.0.0.1", 0, publisher.published, build_registry(publisher.published.metrics_view)
+    )
     server.start()
     daemon = Daemon(settings, store, source, publisher)
     thread = threading.Thread(target=daemon.run)
@@ -112,8 +114,8 @@ def test_every_spec_metric_is_exported_with_its_type(scraped) -> None:
 
 def test_values_equal_the_published_forecast_and_table(scraped) -> None:
     families, publisher = scraped
-    forecast = publisher.forecast_document()
-    table = publisher.table_document()
+    forecast = publisher.published.forecast_document()
+    table = publisher.published.table_document()
     assert value(families, "kvcast_hit_ratio_forecast") == pytest.approx(forecast["hit_ratio"])
     assert value(families, "kvcast_hit_ratio_upper_bound") == pytest.approx(forecast["upper_bound"])
     assert value(families, "kvcast_hit_ratio_observed") == pytest.approx(
@@ -147,14 +149,14 @@ def test_values_equal_the_published_forecast_and_table(scraped) -> None:
 
 def test_event_counters_count_every_event_once(scraped) -> None:
     families, publisher = scraped
-    counters = publisher.metrics_view()["counters"]
+    counters = publisher.published.metrics_view().counters
     assert value(families, "kvcast_events_total") == counters["processed"] > 0
     assert value(families, "kvcast_events_rejected_total", {"reason": "missing_field"}) == 1
 
 
 def test_label_cardinality_is_bounded_by_the_table(scraped) -> None:
     families, publisher = scraped
-    states = len(publisher.table_document()["states"])
+    states = len(publisher.published.table_document()["states"])
     probability = [
         s for s in families["kvcast_continuation_probability"].samples if s.name.endswith("ty")
     ]
@@ -166,6 +168,6 @@ def test_store_latency_is_a_histogram_per_operation(scraped) -> None:
     family = families["kvcast_store_operation_seconds"]
     assert family.type == "histogram"
     commits = value(families, "kvcast_store_operation_seconds_count", {"operation": "commit"})
-    assert commits == publisher.metrics_view()["commits"] > 0
+    assert commits == publisher.published.metrics_view().commits > 0
     infinite = {"operation": "commit", "le": "+Inf"}
     assert value(families, "kvcast_store_operation_seconds_bucket", infinite) == commits

@@ -118,7 +118,7 @@ def test_a_hanging_or_throwing_classifier_costs_the_budget_and_loses_nothing(mod
     assert snap.states == expected.snapshot().states
     assert state.counters.processed == len(payloads)
     assert {s.intent for s in snap.states} == {"unknown"}
-    registry = build_registry(publisher.metrics_view)
+    registry = build_registry(publisher.published.metrics_view)
     reasons = ("timed_out", "rejected", "expired") if mode == "hang" else ("failed",)
     fallbacks = sum(
         registry.get_sample_value("kvcast_classifier_fallbacks_total", {"reason": r}) or 0

@@ -1,0 +1,187 @@
+"""What the daemon has published, for HTTP, metrics and the status line (thread-safe reads).
+
+The refresher (``kvcast.daemon.publisher``) writes the forecast and the table here; the
+consumer loop reports its heartbeat, commits, lag and component states. HTTP handlers and
+metric scrapes read one consistent copy under the lock; nothing here touches the store.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from kvcast.exporters.view import MetricsView
+from kvcast.stats.partition import PartitionDelta
+
+# The main loop must beat at least this often (s) for /healthz to say it is alive.
+LIVENESS_LIMIT_S = 60.0
+
+
+class Published:
+    """The published documents and the process's figures; implements the HTTP ``PublishedState``.
+
+    ``extra_metrics``: components that report their own figures (classifier, store latency),
+    each returning a dict of :class:`MetricsView` fields (e.g. ``{"store_latency": ...}``).
+    """
+
+    def __init__(
+        self,
+        source_health: Callable[[], tuple[bool, str]],
+        clock: Callable[[], float] = time.monotonic,
+        extra_metrics: Sequence[Callable[[], dict[str, Any]]] = (),
+        publishing: bool = True,
+    ) -> None:
+        # False in a worker process (daemon/workers.py): it keeps its figures for the primary
+        # process, which alone reads the window, publishes and serves.
+        self.publishing = publishing
+        self._source_health = source_health
+        self._clock = clock
+        self._extra_metrics = tuple(extra_metrics)
+        self._lock = threading.Lock()
+        self._forecast: dict[str, Any] | None = None
+        self._table: dict[str, Any] | None = None
+        self.table_published_at = -math.inf  # clock time of the last table publication
+        self._components: dict[str, str] = {"store": "not checked yet"}
+        self._heartbeat = clock()
+        self._counters: dict[str, Any] = {}
+        self._commits = 0
+        self._lag: int | None = None
+        self._refresh_seconds = 0.0
+
+    # -- written by the refresher ------------------------------------------------------------
+
+    def refreshed(
+        self,
+        forecast: dict[str, Any],
+        table: dict[str, Any] | None,
+        counters: dict[str, Any],
+        seconds: float,
+    ) -> None:
+        """A refresh's results; ``table`` None when the published table did not change."""
+        with self._lock:
+            self._forecast = forecast
+            if table is not None:
+                self._table = table
+                self.table_published_at = self._clock()
+            self._counters = counters
+            self._components["store"] = "ok"
+            self._refresh_seconds = seconds
+
+    # -- hooks from the consumer loop --------------------------------------------------------
+
+    def heartbeat(self) -> None:
+        self._heartbeat = self._clock()
+
+    def committed(self, partition: str, delta: PartitionDelta) -> None:
+        with self._lock:
+            self._commits += 1
+
+    def set_lag(self, lag: int | None) -> None:
+        with self._lock:
+            self._lag = lag
+
+    def set_component(self, name: str, state: str) -> None:
+        with self._lock:
+            self._components[name] = state
+
+    # -- PublishedState (HTTP) ---------------------------------------------------------------
+
+    def forecast_document(self) -> dict[str, Any] | None:
+        with self._lock:
+            return self._forecast
+
+    def table_document(self) -> dict[str, Any] | None:
+        with self._lock:
+            return self._table
+
+    def readiness(self) -> tuple[bool, dict[str, str]]:
+        source_ok, source_detail = self._source_health()
+        with self._lock:
+            components = dict(self._components)
+            components["source"] = source_detail if not source_ok else "ok"
+            components["forecast"] = "ok" if self._forecast is not None else "warming up"
+        return all(v == "ok" for v in components.values()), components
+
+    def liveness(self) -> tuple[bool, str]:
+        silent = self._clock() - self._heartbeat
+        if silent > LIVENESS_LIMIT_S:
+            return False, f"main loop silent for {silent:.0f} s"
+        return True, "ok"
+
+    # -- status and metrics ------------------------------------------------------------------
+
+    def metrics_view(self) -> MetricsView:
+        """Everything the Prometheus collector reads, in one consistent copy."""
+        extra: dict[str, Any] = {}
+        for report in self._extra_metrics:
+            extra.update(report())
+        with self._lock:
+            view = MetricsView(
+                forecast=self._forecast,
+                table=self._table,
+                counters=dict(self._counters),
+                commits=self._commits,
+                lag=self._lag,
+                refresh_seconds=self._refresh_seconds,
+                components=dict(self._components),
+            )
+        return replace(view, **extra)
+
+    def status(self, events_per_s: float) -> dict[str, Any]:
+        """The one-line status as a document (events/s, counters, forecast, table, lag).
+
+        ``role`` says which process wrote it: the ``primary`` (the instance's figures) or a
+        ``worker`` of ``--workers N`` (its own rate, lag and store only).
+        """
+        view = self.metrics_view()
+        if not self.publishing:  # a worker process: its own figures only
+            return {
+                "role": "worker",
+                "events_per_s": round(events_per_s, 1),
+                "lag": view.lag,
+                "store": view.components.get("store"),
+            }
+        forecast = view.forecast or {}
+        counters = view.counters
+        return {
+            "role": "primary",
+            "events_per_s": round(events_per_s, 1),
+            "processed": counters.get("processed", 0),
+            "rejected": counters.get("rejected", 0),
+            "duplicates": counters.get("duplicates", 0),
+            "hit_ratio": forecast.get("hit_ratio"),
+            "hit_ratio_single_class": forecast.get("hit_ratio_single_class"),
+            "upper_bound": forecast.get("upper_bound"),
+            "observed_hit_ratio": forecast.get("observed_hit_ratio"),
+            "table_version": view.table["version"] if view.table else None,
+            "lag": view.lag,
+            "store": view.components.get("store"),
+        }
+
+
+def format_status(status: dict[str, Any]) -> str:
+    """The status document as the human one-liner."""
+
+    def ratio(key: str) -> str:
+        value = status.get(key)
+        return "-" if value is None else f"{value:.4f}"
+
+    lag = status["lag"]
+    if status["role"] == "worker":
+        return (
+            f"kvcast worker | {status['events_per_s']:,.0f} events/s"
+            f" | lag {lag if lag is not None else '-'} | store {status['store']}"
+        )
+    return (
+        f"kvcast | {status['events_per_s']:,.0f} events/s"
+        f" | processed {status['processed']:,} rejected {status['rejected']:,}"
+        f" duplicates {status['duplicates']:,}"
+        f" | hit ratio {ratio('hit_ratio')} (single-class {ratio('hit_ratio_single_class')},"
+        f" bound {ratio('upper_bound')}, observed {ratio('observed_hit_ratio')})"
+        f" | table v{status['table_version'] or '-'}"
+        f" | lag {lag if lag is not None else '-'} | store {status['store']}"
+    )

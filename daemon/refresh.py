@@ -1,0 +1,93 @@
+"""The refresh computation: from the shared window to the forecast and the candidate table.
+
+Pure functions of the store's :class:`~kvcast.daemon.stores.WindowState` and the settings;
+the refresher thread (``kvcast.daemon.publisher``) does the reading, publishing and expiry.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from kvcast.daemon.settings import DaemonSettings
+from kvcast.daemon.stores import WindowState
+from kvcast.stats.forecast import forecast_from_sample
+from kvcast.stats.priority import table_content_changed, table_document
+from kvcast.stats.snapshot import Snapshot, take_snapshot
+
+CURVE_POINTS = 17  # capacities from N/16 to 16N, geometric, N in the middle
+
+
+def capacity_grid(capacity_blocks: int) -> list[float]:
+    """Capacities (blocks) for the published curve: N/16 .. 16N, geometric, N included."""
+    half = CURVE_POINTS // 2
+    return [capacity_blocks * 2 ** ((i - half) / 2) for i in range(CURVE_POINTS)]
+
+
+@dataclass(frozen=True)
+class Refresh:
+    """One refresh's results: the forecast document, the table at ``version`` (not yet
+    published), and the snapshot both came from."""
+
+    forecast: dict[str, Any]
+    table: dict[str, Any]
+    snapshot: Snapshot
+
+
+def compute_refresh(state: WindowState, settings: DaemonSettings, table_version: int) -> Refresh:
+    """The forecast (with its capacity curve and the capacity per target) and the table."""
+    config = settings.stats
+    now = state.newest_event_time if math.isfinite(state.newest_event_time) else None
+    snapshot = take_snapshot(state.window, state.arrivals, config, now)
+    common = {
+        "capacity_blocks": settings.capacity_blocks,
+        "block_size": config.block_size,
+        "instances": settings.instances,
+        "kv_bytes_per_token": settings.kv_bytes_per_token,
+    }
+    forecast = forecast_from_sample(
+        snapshot.sample, capacities=capacity_grid(settings.capacity_blocks), **common
+    ).to_dict()
+    forecast["required_capacity_by_target"] = [
+        forecast_from_sample(snapshot.sample, target=target, **common).to_dict()[
+            "required_capacity"
+        ]
+        for target in settings.target_hit_ratios
+    ]
+    forecast["event_time"] = now
+    forecast["window_conversations"] = snapshot.window_conversations
+    forecast["computed_at"] = time.time()
+    return Refresh(forecast, table_document(snapshot, config, table_version), snapshot)
+
+
+def should_publish(
+    previous: dict[str, Any] | None,
+    table: dict[str, Any],
+    since_published_s: float,
+    table_interval_s: float,
+) -> bool:
+    """Publish when the content changed, at most every ``table_interval_s`` seconds.
+
+    Nothing observed yet and nothing published before: engines use the defaults anyway.
+    """
+    warming_up = previous is None and not table["states"] and table["version"] == 0
+    return (
+        not warming_up
+        and table_content_changed(previous, table)
+        and (previous is None or since_published_s >= table_interval_s)
+    )
+
+
+def expiry_bounds(
+    state: WindowState, snapshot: Snapshot, rate_window_s: int
+) -> tuple[int, int] | None:
+    """``(oldest window bucket to keep, oldest arrival second to keep)``, or None when nothing
+    may be expired yet (no bucket in the window, or no conversation start seen)."""
+    chosen = {id(b) for b in state.window.buckets_in_window(snapshot.generated_at)}
+    kept = [index for index, bucket in state.window.buckets.items() if id(bucket) in chosen]
+    if not kept or not math.isfinite(state.arrivals.newest_start):
+        return None
+    second_before = math.floor(state.arrivals.newest_start) - rate_window_s
+    return (min(kept), second_before + 1)

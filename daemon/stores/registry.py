@@ -1,0 +1,37 @@
+"""The state store for a URL, from a registry keyed by scheme (``memory``, ``redis``, ...)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+from kvcast.daemon.stores.base import StateStore
+
+
+def _memory(url: str, namespace: str) -> StateStore:
+    from kvcast.daemon.stores.memory import MemoryStore
+
+    return MemoryStore()
+
+
+def _redis(url: str, namespace: str) -> StateStore:
+    from kvcast.daemon.stores.redis_store import RedisStore
+
+    return RedisStore(url, namespace)
+
+
+STORES: dict[str, Callable[[str, str], StateStore]] = {
+    "memory": _memory,
+    "redis": _redis,
+    "rediss": _redis,
+}
+
+
+def open_store(url: str, namespace: str = "kvcast") -> StateStore:
+    """The store for ``url``; ValueError naming the known schemes for any other."""
+    scheme = urlsplit(url).scheme
+    factory = STORES.get(scheme)
+    if factory is None:
+        known = ", ".join(f"{s}://" for s in STORES)
+        raise ValueError(f"store URL {url!r}: unknown scheme {scheme!r} (expected {known})")
+    return factory(url, namespace)

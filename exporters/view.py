@@ -1,0 +1,37 @@
+"""The typed view the Prometheus collector and the status line read: one consistent copy.
+
+The daemon builds one per scrape (``kvcast.daemon.published.PublishedState.metrics_view``); a
+worker process of ``--workers N`` sends its own to the primary, which adds them up. Standard
+library only, so that it pickles between processes and imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# A LatencyHistogram snapshot: {"buckets": [(upper bound s, cumulative count)], "sum": s,
+# "count": n}.
+Histogram = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class MetricsView:
+    """What one process publishes. Times in seconds; counts in events unless stated.
+
+    ``forecast`` and ``table`` are the published documents (None until the first refresh);
+    ``counters`` the shared event counters (``processed``, ``duplicates``, ``rejected``,
+    ``rejected_by_reason``); ``components`` each component's state (``"ok"`` or why not);
+    ``store_latency`` a histogram per store operation; ``classifier`` its latency histogram
+    and worker counters, None without a classifier.
+    """
+
+    forecast: dict[str, Any] | None = None
+    table: dict[str, Any] | None = None
+    counters: dict[str, Any] = field(default_factory=dict)
+    commits: int = 0
+    lag: int | None = None
+    refresh_seconds: float = 0.0
+    components: dict[str, str] = field(default_factory=dict)
+    store_latency: dict[str, Histogram] = field(default_factory=dict)
+    classifier: dict[str, Any] | None = None
