@@ -1,1 +1,1 @@
-"""The long-running process and the CLI: sources, pipeline, state stores, configuration."""
+"""The long-running process: runner, publisher, instance, workers, settings, sources, stores."""

@@ -43,12 +43,16 @@ def open_store_and_source(
     without it, settings that name no source are an error.
     """
     store = open_store(settings.store, settings.namespace)
-    if settings.embedded:
-        if demo_source is None:
-            raise ValueError("no --source given and no embedded sample workload available")
-        return store, demo_source(settings)
-    source = open_source(settings.source or "", settings.group_id, **settings.kafka_options())
-    return store, source
+    try:
+        if settings.embedded:
+            if demo_source is None:
+                raise ValueError("no --source given and no embedded sample workload available")
+            return store, demo_source(settings)
+        kafka = settings.kafka_options()
+        return store, open_source(settings.source or "", settings.group_id, **kafka)
+    except Exception:
+        store.close()  # no connection left behind by a source that could not be opened
+        raise
 
 
 def build_instance(

@@ -1,1 +1,2 @@
-"""Everything that leaves the process: metrics, the priority table, the engine client."""
+"""What leaves the process (metrics, HTTP, the status page) and what engines import (the
+table client and its eviction adapters)."""

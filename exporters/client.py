@@ -17,6 +17,7 @@ Threads do not survive ``fork``: create (or ``start``) the client in the process
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import random
@@ -66,6 +67,8 @@ def _decode(raw: bytes, where: str) -> Mapping[str, Any]:
         doc = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise TableSourceError(f"{where}: not JSON ({exc})") from None
+    except RecursionError:  # nested deeper than the parser's stack allows
+        raise TableSourceError(f"{where}: not JSON (nested too deeply)") from None
     if not isinstance(doc, dict):
         raise TableSourceError(f"{where}: not a JSON object")
     return doc
@@ -127,6 +130,8 @@ class HttpTableSource:
             raise TableSourceError(f"{self.url}: HTTP {exc.code}") from None
         except (urllib.error.URLError, OSError) as exc:
             raise TableSourceError(f"{self.url}: {exc}") from None
+        except http.client.HTTPException as exc:  # a peer not speaking HTTP, a reply cut off
+            raise TableSourceError(f"{self.url}: {type(exc).__name__}: {exc}") from None
         doc = _decode(body, self.url)
         self._etag = etag
         return doc

@@ -30,12 +30,18 @@ old_root, preset_name, tight = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 conversations = int(sys.argv[4])
 if old_root:
     sys.path.insert(0, old_root)
-from kvcast.stats.replay import Pipeline
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.events import EventRejected, parse_event
-from kvcast.lab.workload.generator import generate
-from kvcast.lab.workload.presets import preset
 from kvcast.stats.partition import PartitionEngine, decode_conversation
+# Both layouts, since the old revision may have either: the packages by role first, then the
+# one before them (10bbadf and older: daemon/pipeline.py, stats/generator.py).
+try:
+    from kvcast.stats.replay import Pipeline
+    from kvcast.lab.workload.generator import generate
+    from kvcast.lab.workload.presets import preset
+except ImportError:
+    from kvcast.daemon.pipeline import Pipeline
+    from kvcast.stats.generator import generate, preset
 
 config = (
     StatsConfig(max_turn=3, completion_timeout_s=60.0, max_open_conversations=50,
@@ -110,6 +116,12 @@ for part in engines:
     d = part.take_delta()
     deltas.append({"partition": d.partition, "removals": sorted(d.removals),
                    "buckets": {str(i): bucket_dump(b) for i, b in sorted(d.buckets.items())}})
+if old_root:  # the old revision's code alone (see perf_ab.export), none of the working tree's
+    modules = [m for name, m in sys.modules.items() if name.startswith("kvcast.")]
+    files = [getattr(m, "__file__", None) for m in modules]
+    mixed = [f for f in files if f and not f.startswith(old_root)]
+    if mixed:
+        sys.exit(f"working tree modules in the old revision's process: {mixed}")
 print(json.dumps({"replay": replay, "deltas": deltas}, sort_keys=True, default=str))
 """
 

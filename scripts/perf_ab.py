@@ -3,8 +3,9 @@
     .venv/bin/python scripts/perf_ab.py REV throughput|daemon [--rounds 2] [--no-hiredis-before]
 
 The old code is exported with ``git archive REV`` into a temporary directory and imported from
-there (a ``kvcast`` package of symlinks to its top-level folders, first on ``sys.path``); each
-measurement runs in a fresh process, old and new taking turns, and prints one JSON line.
+there alone (a ``kvcast`` package of symlinks to its top-level folders, first on ``sys.path``,
+its C extension built in place); each measurement runs in a fresh process, old and new taking
+turns, and prints one JSON line.
 ``daemon`` needs the broker and Redis of ``scripts/services.sh start``. The figures are those of
 ``kvcast bench`` (throughput: the replay pipeline against ``orjson.loads``; daemon: Kafka ->
 Redis against the bare consumer, and the flush cost per event).
@@ -20,7 +21,15 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("stats", "daemon", "classifier", "exporters")
+# Top-level folders of either layout (lab/ and cli/ came with the packages by role, after 10bbadf).
+PACKAGES = ("stats", "daemon", "classifier", "exporters", "lab", "cli")
+
+# The exported package's __init__: without it the working tree's editable install (a finder at
+# the end of sys.meta_path) would serve every module the old tree lacks from the working tree,
+# kvcast.stats.replay in a tree that has kvcast.daemon.pipeline, say, mixing new code into old.
+OLD_INIT = """import sys
+sys.meta_path[:] = [f for f in sys.meta_path if not f.__module__.startswith("__editable__")]
+"""
 
 MEASURE = """
 import json, sys
@@ -35,13 +44,21 @@ except ImportError:  # older code had no tuning
     pass
 else:
     tune_for_streaming()
+# Each import tries the layout by role (lab/bench) first, then the one before it (daemon/bench,
+# 10bbadf and older): the old tree may have either.
 if suite == "throughput":
-    from kvcast.lab.bench.throughput import run_throughput
+    try:
+        from kvcast.lab.bench.throughput import run_throughput
+    except ImportError:
+        from kvcast.daemon.bench.throughput import run_throughput
     r = run_throughput(repeats=3)
     out = {"pipeline_per_s": r.pipeline_per_s, "decode_per_s": r.decode_per_s,
            "ratio": r.pipeline_per_s / r.decode_per_s}
 else:
-    from kvcast.lab.bench import daemon_bench as d
+    try:
+        from kvcast.lab.bench import daemon_bench as d
+    except ImportError:
+        from kvcast.daemon.bench import daemon_bench as d
     b, url = "127.0.0.1:19092", "redis://127.0.0.1:6379/0"
     topic, count = d._produce(b, 40000)
     bare, daemon = d._bare_consume(b, topic, count), d._daemon_throughput(b, url, topic, count)
@@ -54,16 +71,30 @@ print(json.dumps(out))
 
 
 def export(rev: str, into: Path) -> Path:
-    """``git archive REV`` under ``into``; returns the directory to put first on sys.path."""
+    """``git archive REV`` under ``into``; returns the directory to put first on sys.path.
+
+    The replay engine's C extension (``stats/_replay.c``, later ``stats/native/_replay.c``) is
+    built in place by the old ``setup.py``; where that fails the old code runs its Python engine,
+    as an install without a compiler does, and a warning says so.
+    """
     tree = into / "tree"
     tree.mkdir()
     archive = subprocess.run(["git", "archive", rev], cwd=ROOT, check=True, capture_output=True)
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    if (tree / "setup.py").exists():
+        built = subprocess.run(
+            [sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+            cwd=tree, capture_output=True, text=True,
+        )  # fmt: skip
+        if built.returncode or not any(tree.glob("stats/**/_replay*.so")):
+            print(f"perf_ab: {rev}'s C extension did not build; its Python engine runs instead\n"
+                  f"{built.stderr}", file=sys.stderr)  # fmt: skip
     package = into / "path" / "kvcast"
     package.mkdir(parents=True)
-    (package / "__init__.py").touch()
+    (package / "__init__.py").write_text(OLD_INIT)
     for name in PACKAGES:
-        (package / name).symlink_to(tree / name)
+        if (tree / name).is_dir():
+            (package / name).symlink_to(tree / name)
     return into / "path"
 
 

@@ -1,5 +1,5 @@
-"""Pure computation: events, conversations, rolling statistics, forecast, simulators.
+"""The pure core: events, conversations, rolling statistics, ingest, forecast, priority table.
 
-Nothing here performs network I/O (a delay file named by the user is the only file read); every
-module is deterministic.
+Nothing here performs I/O or imports outside ``kvcast.stats`` (``tests/test_architecture.py``
+checks it); every module is deterministic.
 """

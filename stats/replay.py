@@ -29,18 +29,21 @@ class Pipeline:
     """The Python replay engine: raw payloads through :func:`ingest` into a :class:`StatsEngine`.
 
     The daemon runs the same ingest step per partition (``kvcast.daemon.runner``); the native
-    engine (``kvcast.stats.native``) is specified against it.
+    engine (``kvcast.stats.native``) is specified against it. A payload's position is the
+    number of payloads offered before it.
     """
 
     def __init__(self, config: StatsConfig, labeller: IntentLabeller | None = None) -> None:
         self.engine = StatsEngine(config)
         self.labeller = labeller or IntentLabeller()
         self.last_rejection: EventRejected | None = None
+        self.offered = 0
         self._target = EngineTarget(self.engine)
 
     def offer(self, payload: bytes | str) -> bool:
         """Process one raw payload; return whether it was valid (late/duplicate count as valid)."""
-        rejection = ingest(((self._target, 0, payload),), self.labeller)
+        rejection = ingest(((self._target, self.offered, payload),), self.labeller)
+        self.offered += 1
         if rejection is not None:
             self.last_rejection = rejection
             return False
@@ -48,8 +51,10 @@ class Pipeline:
 
     def offer_all(self, payloads: Iterable[bytes | str]) -> None:
         """Process payloads in order (those between two rejections are labelled together)."""
-        target = self._target
-        rejection = ingest(((target, 0, payload) for payload in payloads), self.labeller)
+        target, start = self._target, self.offered
+        items = [(target, start + i, payload) for i, payload in enumerate(payloads)]
+        self.offered += len(items)
+        rejection = ingest(items, self.labeller)
         if rejection is not None:
             self.last_rejection = rejection
 

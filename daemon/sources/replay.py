@@ -84,10 +84,12 @@ class ReplaySource:
         self._next = max(0, offset)
 
     def pause(self, partitions: list[str]) -> None:
-        self._paused = True
+        if self._partition in partitions:
+            self._paused = True
 
     def resume(self, partitions: list[str]) -> None:
-        self._paused = False
+        if self._partition in partitions:
+            self._paused = False
 
     def finished(self) -> bool:
         return self._next >= len(self._lines)

@@ -1,11 +1,14 @@
 /*
  * kvcast.stats.native._replay: a native replay engine giving exactly the results of
- * stats/replay.py's Pipeline.offer (default IntentLabeller) + StatsEngine.apply/finish.
- * Wrapped by stats/native/replay.py; tests/stats/native/test_replay.py holds it to the Python
- * engine.  Lines are parsed as stats/events.py's parse_event does (parse_line).
+ * stats/ingest.py's ingest (the one ingest step: parse -> label -> apply, here with the
+ * default IntentLabeller and an EngineTarget) + StatsEngine.apply/finish; SPEC.md beside this
+ * file states the contract.  Wrapped by stats/native/replay.py;
+ * tests/stats/native/test_replay.py holds it to the Python engine.  Lines are parsed as
+ * stats/events.py's parse_event does (parse_line).
  *
  * The Python modules are the specification; this file mirrors them literally:
- *   - IntentLabeller.__call__/_bounded          -> apply_event (label decision), label_commit
+ *   - ingest: payloads in order, a rejection counted where it stands -> core_offer_lines
+ *   - IntentLabeller.label_batch/_bounded        -> apply_event (label decision), label_commit
  *   - ConversationTracker.observe/_complete_due/flush and _SecondBuckets
  *                                                -> apply_event, complete_due, core_finish
  *   - StatsWindow.add / Bucket.add_conversation -> window_add
@@ -1632,7 +1635,7 @@ seen_add(Core *self, const KeyView *k, int64_t second)
     return 0;
 }
 
-/* Pipeline.offer for a parsed event (read through ft): label it, then StatsEngine.apply.
+/* ingest for a parsed event (read through ft): label it, then StatsEngine.apply.
    default_rid, when not NULL, stands for the event's empty request_id. */
 static int
 apply_fields(Core *self, PyObject *ev, const FieldTable *ft, PyObject *default_rid)
@@ -1972,7 +1975,7 @@ offer_one(Core *self, PyObject *line)
         Py_XDECREF(type);
         Py_XDECREF(tb);
         Py_INCREF(val);
-        Py_XSETREF(self->last_rejection, val); /* Pipeline.offer keeps it before counting */
+        Py_XSETREF(self->last_rejection, val); /* ingest returns the last one; counted too */
         PyObject *reason = PyObject_GetAttr(val, self->s_reason);
         Py_DECREF(val);
         if (reason == NULL) {
@@ -2598,7 +2601,7 @@ core_dealloc(Core *self)
 
 static PyMethodDef core_methods[] = {
     {"offer_lines", (PyCFunction)core_offer_lines, METH_O,
-     "offer_lines(lines) -> int: Pipeline.offer for each bytes line, in order."},
+     "offer_lines(lines) -> int: kvcast.stats.ingest.ingest of the bytes lines, in order."},
     {"finish", (PyCFunction)core_finish, METH_NOARGS,
      "finish(): StatsEngine.finish (complete every open conversation)."},
     {"export", (PyCFunction)core_export, METH_NOARGS,
@@ -2698,7 +2701,7 @@ static PyModuleDef_Slot mod_slots[] = {
 static struct PyModuleDef replay_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "kvcast.stats.native._replay",
-    .m_doc = "Native replay engine: exactly the statistics of Pipeline + StatsEngine.",
+    .m_doc = "Native replay engine: exactly the statistics of stats.ingest + StatsEngine.",
     .m_size = sizeof(ModState),
     .m_slots = mod_slots,
     .m_traverse = mod_traverse,

@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import orjson
 
-from kvcast.daemon.published import format_status
-from kvcast.daemon.publisher import Publisher
-from kvcast.daemon.settings import DaemonSettings
-from kvcast.daemon.stores.memory import MemoryStore
+from kvcast.daemon.published import Published, format_status
 
 
-def _publisher(*, publishing: bool) -> Publisher:
-    return Publisher(DaemonSettings(), MemoryStore(), lambda: (True, "ok"), publishing=publishing)
+def _published(*, publishing: bool) -> Published:
+    return Published(lambda: (True, "ok"), publishing=publishing)
 
 
 def test_the_primary_reports_the_instance_counters_and_forecast() -> None:
-    publisher = _publisher(publishing=True)
-    status = publisher.published.status(events_per_s=1234.56)
+    status = _published(publishing=True).status(events_per_s=1234.56)
     assert status["role"] == "primary"
     assert status["events_per_s"] == 1234.6
     assert status["processed"] == status["rejected"] == status["duplicates"] == 0
@@ -29,8 +25,7 @@ def test_the_primary_reports_the_instance_counters_and_forecast() -> None:
 
 
 def test_a_worker_reports_only_its_own_rate_lag_and_store() -> None:
-    publisher = _publisher(publishing=False)
-    status = publisher.published.status(events_per_s=99.0)
+    status = _published(publishing=False).status(events_per_s=99.0)
     assert status == {
         "role": "worker",
         "events_per_s": 99.0,
