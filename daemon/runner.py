@@ -11,6 +11,7 @@ store is away the loop keeps consuming only up to ``max_uncommitted_events``, th
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections import deque
@@ -65,6 +66,7 @@ class Daemon:
         self._last_commit = clock()
         self._backoff_s = 0.0
         self._retry_at = 0.0
+        self._jitter = random.Random()
         self.events_seen = 0
         self._status_mark = (clock(), 0)
         source.set_listener(self)
@@ -96,7 +98,7 @@ class Daemon:
         return code
 
     def _step(self) -> None:
-        if self._awaiting_load:
+        if self._awaiting_load and self._clock() >= self._retry_at:  # loads back off too
             self._load_partitions(sorted(self._awaiting_load))
         if self._uncommitted() >= self.settings.max_uncommitted_events:
             self._pause_for_store()
@@ -146,20 +148,24 @@ class Daemon:
             self._awaiting_load.discard(partition)
 
     def _load_partitions(self, partitions: list[str]) -> None:
-        for partition in partitions:
+        for position, partition in enumerate(partitions):
             try:
                 checkpoint = self.store.load_partition(partition)
             except StoreUnavailable as exc:
+                # One failure backs off the whole round: the rest wait for the next try.
                 self._store_failed(exc)
-                self._awaiting_load.add(partition)
-                self.source.pause([partition])
-                continue
+                waiting = partitions[position:]
+                self._awaiting_load.update(waiting)
+                self.source.pause(waiting)
+                return
             engine = PartitionEngine(self.settings.stats, partition, checkpoint)
             self._engines[partition] = engine
             self._queued[partition] = deque()
             self._awaiting_load.discard(partition)
             self.source.seek(partition, engine.offset + 1)
             self.source.resume([partition])
+        if partitions and self._backoff_s:
+            self._store_recovered()  # every load answered
 
     def _apply_batch(self, records: list[Record]) -> None:
         """Ingest a poll's records (valid ones labelled together: one classifier batch)."""
@@ -196,6 +202,7 @@ class Daemon:
     def _flush_queue(self, force: bool = False) -> None:
         if not force and self._clock() < self._retry_at:
             return
+        answered = False
         for partition, queue in list(self._queued.items()):
             while queue:
                 delta = queue[0]
@@ -205,15 +212,18 @@ class Daemon:
                     self._store_failed(exc)
                     return
                 except StaleOwner as exc:
+                    answered = True
                     if exc.stored_offset == delta.offset:
                         queue.popleft()  # stored before a lost reply: already applied
                         continue
                     log.warning("%s; reloading the partition from the store", exc)
                     self._reload(partition)
                     break
+                answered = True
                 queue.popleft()
                 self.published.committed(partition, delta)
-        self._store_recovered()
+        if answered or not self._backoff_s:  # after a failure, only the store's answer heals
+            self._store_recovered()
 
     def _reload(self, partition: str) -> None:
         self._engines.pop(partition, None)
@@ -221,10 +231,13 @@ class Daemon:
         self._load_partitions([partition])
 
     def _store_failed(self, exc: Exception) -> None:
+        """Back off: the delay doubles up to ``max_backoff_s``; the wait is jittered to half
+        to all of it, so that the instances of a deployment do not retry in step."""
         self._backoff_s = min(max(self._backoff_s * 2, 0.2), self.settings.max_backoff_s)
-        self._retry_at = self._clock() + self._backoff_s
+        wait_s = self._backoff_s * (0.5 + 0.5 * self._jitter.random())
+        self._retry_at = self._clock() + wait_s
         self.published.set_component("store", f"unavailable: {exc}")
-        log.warning("state store unavailable (%s); retrying in %.1f s", exc, self._backoff_s)
+        log.warning("state store unavailable (%s); retrying in %.2f s", exc, wait_s)
 
     def _store_recovered(self) -> None:
         if self._backoff_s:

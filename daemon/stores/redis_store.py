@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from typing import Any
 
 import orjson
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError, WatchError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.exceptions import WatchError
 
 from kvcast.daemon.stores.base import StaleOwner, StoreUnavailable, WindowState
 from kvcast.stats.arrivals import ArrivalStats, SecondCounters
@@ -65,6 +66,23 @@ return 0
 
 _MOMENT_FIELDS = ("conversations", "sum_R", "sum_H", "sum_H_hash", "sum_B", "sum_M")
 _CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+# Errors after which the store is retried with backoff instead of stopping the daemon: lost
+# connections, and a server that refuses the command (OOM at maxmemory with noeviction,
+# READONLY on a replica after a failover, LOADING, BUSY, MASTERDOWN, ...). A refused MULTI/EXEC
+# applies nothing, so retrying the whole commit later is exact.
+_STORE_ERRORS = (*_CONNECTION_ERRORS, ResponseError)
+# redis-py prefixes a pipeline's error with the failing command and its arguments (session
+# ids among them), and an unknown command's error quotes its arguments: neither may reach logs.
+_PIPELINE_PREFIX = re.compile(r"^Command # \d+ \(.*\) of pipeline caused error: ", re.S)
+_ARGS_SUFFIX = re.compile(r",? with args beginning with:.*$", re.S)
+
+
+def _unavailable(exc: Exception) -> StoreUnavailable:
+    """A store error as :class:`StoreUnavailable`, its message free of command arguments."""
+    if not isinstance(exc, ResponseError):
+        return StoreUnavailable(f"redis: {exc}")
+    text = _ARGS_SUFFIX.sub("", _PIPELINE_PREFIX.sub("", str(exc)))
+    return StoreUnavailable(f"redis refused the command: {type(exc).__name__}: {text}")
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -108,8 +126,8 @@ class RedisStore:
     def ping(self) -> None:
         try:
             self._client.ping()
-        except _CONNECTION_ERRORS as exc:
-            raise StoreUnavailable(f"redis: {exc}") from None
+        except _STORE_ERRORS as exc:
+            raise _unavailable(exc) from None
 
     def load_partition(self, partition: str) -> PartitionCheckpoint | None:
         try:
@@ -118,8 +136,8 @@ class RedisStore:
             pipe.hgetall(self.key("open", partition))
             pipe.hgetall(self.key("ids", partition))
             meta, conversations, ids = pipe.execute()
-        except _CONNECTION_ERRORS as exc:
-            raise StoreUnavailable(f"redis: {exc}") from None
+        except _STORE_ERRORS as exc:
+            raise _unavailable(exc) from None
         if not meta:
             return None
         return PartitionCheckpoint(
@@ -147,8 +165,8 @@ class RedisStore:
                 pipe.execute()
         except WatchError:
             raise StaleOwner(f"partition {delta.partition} was committed concurrently") from None
-        except _CONNECTION_ERRORS as exc:
-            raise StoreUnavailable(f"redis: {exc}") from None
+        except _STORE_ERRORS as exc:
+            raise _unavailable(exc) from None
 
     def _queue_delta(self, pipe: Any, delta: PartitionDelta) -> None:
         part = delta.partition
@@ -234,8 +252,8 @@ class RedisStore:
                 pipe.hgetall(self.key("arr", name))
             pipe.hgetall(self.key("counters"))
             results = pipe.execute()
-        except _CONNECTION_ERRORS as exc:
-            raise StoreUnavailable(f"redis: {exc}") from None
+        except _STORE_ERRORS as exc:
+            raise _unavailable(exc) from None
         window = StatsWindow(config)
         for position, index in enumerate(indices):
             window.buckets[index] = _decode_bucket(results[2 * position], results[2 * position + 1])
@@ -266,21 +284,21 @@ class RedisStore:
                 if old:
                     pipe.hdel(key, *old)
             pipe.execute()
-        except _CONNECTION_ERRORS as exc:
-            raise StoreUnavailable(f"redis: {exc}") from None
+        except _STORE_ERRORS as exc:
+            raise _unavailable(exc) from None
         return len(stale)
 
     def publish_table(self, document: dict[str, Any]) -> None:
         try:
             self._client.set(redis_table_key(self.namespace), orjson.dumps(document))
-        except _CONNECTION_ERRORS as exc:
-            raise StoreUnavailable(f"redis: {exc}") from None
+        except _STORE_ERRORS as exc:
+            raise _unavailable(exc) from None
 
     def read_table(self) -> dict[str, Any] | None:
         try:
             raw = self._client.get(redis_table_key(self.namespace))
-        except _CONNECTION_ERRORS as exc:
-            raise StoreUnavailable(f"redis: {exc}") from None
+        except _STORE_ERRORS as exc:
+            raise _unavailable(exc) from None
         return None if raw is None else orjson.loads(raw)
 
     def close(self) -> None:
