@@ -67,6 +67,7 @@ class Daemon:
         self._backoff_s = 0.0
         self._retry_at = 0.0
         self._jitter = random.Random()
+        self._epoch: str | None = None  # the store's data the partitions were loaded from
         self.events_seen = 0
         self._status_mark = (clock(), 0)
         source.set_listener(self)
@@ -111,6 +112,8 @@ class Daemon:
             self._flushed = True
             self._queue_all()
         due = self._clock() - self._last_commit >= self.settings.commit_interval_s
+        if due and self._engines and self._clock() >= self._retry_at:
+            self._check_epoch()
         if due or self._uncommitted() >= self.settings.commit_max_events:
             self._queue_all()
         self._flush_queue()
@@ -147,7 +150,34 @@ class Daemon:
             self._queued.pop(partition, None)
             self._awaiting_load.discard(partition)
 
+    def _check_epoch(self) -> None:
+        """Reload every owned partition when the store lost its data (its epoch changed):
+        a quiet partition would otherwise never commit again and never notice."""
+        try:
+            epoch = self.store.epoch()
+        except StoreUnavailable as exc:
+            self._store_failed(exc)
+            return
+        if self._epoch is None:
+            self._epoch = epoch
+        elif epoch != self._epoch:
+            log.warning(
+                "the state store lost its data (epoch %s, was %s): reloading %d partitions",
+                epoch, self._epoch, len(self._engines),
+            )  # fmt: skip
+            self._epoch = epoch
+            for partition in sorted(self._engines):
+                self._reload(partition)
+
     def _load_partitions(self, partitions: list[str]) -> None:
+        if self._epoch is None and partitions:  # before the first load: what it loads from
+            try:
+                self._epoch = self.store.epoch()
+            except StoreUnavailable as exc:
+                self._store_failed(exc)
+                self._awaiting_load.update(partitions)
+                self.source.pause(partitions)
+                return
         for position, partition in enumerate(partitions):
             try:
                 checkpoint = self.store.load_partition(partition)

@@ -49,6 +49,11 @@ class StateStore(Protocol):
     def ping(self) -> None:
         """Raise :class:`StoreUnavailable` when the store does not answer."""
 
+    def epoch(self) -> str:
+        """The id of the store's data: the same for as long as the data lives, a new one once
+        it was lost (a Redis restarted without persistence, a flush). Instances compare it to
+        the one they loaded their partitions under, and reload every partition on a change."""
+
     def load_partition(self, partition: str) -> PartitionCheckpoint | None:
         """The partition's checkpoint, or None if it was never committed."""
 

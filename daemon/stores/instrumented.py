@@ -34,6 +34,9 @@ class InstrumentedStore:
     def ping(self) -> None:
         self.inner.ping()
 
+    def epoch(self) -> str:
+        return self.inner.epoch()
+
     def load_partition(self, partition: str) -> PartitionCheckpoint | None:
         return self._timed("load_partition", self.inner.load_partition, partition)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import math
 import threading
+import uuid
 from typing import Any
 
 from kvcast.daemon.stores.base import StaleOwner, WindowState
@@ -29,9 +30,13 @@ class MemoryStore:
         self._arrivals: ArrivalStats | None = None
         self._counters = EventCounters()
         self._table: dict[str, Any] | None = None
+        self._epoch = uuid.uuid4().hex  # the data lives as long as this object
 
     def ping(self) -> None:
         return None
+
+    def epoch(self) -> str:
+        return self._epoch
 
     def load_partition(self, partition: str) -> PartitionCheckpoint | None:
         with self._lock:

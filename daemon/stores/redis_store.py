@@ -10,7 +10,9 @@ the multi-key commit transaction is legal on Redis Cluster). Layout:
 - ``arr:starts``, ``arr:cached``, ``arr:input`` hashes per event-time second and ``arr:meta``
   (first/newest start, start count): the arrival counters;
 - ``counters`` hash: events processed, duplicates, rejected by reason;
-- ``table``: the published priority table (one SET, so readers never see half of it).
+- ``table``: the published priority table (one SET, so readers never see half of it);
+- ``epoch``: a random id made by the first instance that finds none; a Redis that lost its data
+  lost it too, so every instance sees a new one and reloads its partitions.
 
 A commit is one MULTI/EXEC guarded by WATCH on ``part:P``: applied whole, or not at all.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import uuid
 from typing import Any
 
 import orjson
@@ -128,6 +131,21 @@ class RedisStore:
             self._client.ping()
         except _STORE_ERRORS as exc:
             raise _unavailable(exc) from None
+
+    def epoch(self) -> str:
+        """The ``epoch`` key, created (a random id) by the first instance that finds none: a
+        Redis that lost its data has lost this key too, and the next reader makes a new one."""
+        key = self.key("epoch")
+        try:
+            value = self._client.get(key)  # a read: answered even by a full Redis
+            if value is None:
+                pipe = self._client.pipeline(transaction=True)
+                pipe.set(key, uuid.uuid4().hex, nx=True)
+                pipe.get(key)
+                _, value = pipe.execute()
+        except _STORE_ERRORS as exc:
+            raise _unavailable(exc) from None
+        return value.decode()
 
     def load_partition(self, partition: str) -> PartitionCheckpoint | None:
         try:

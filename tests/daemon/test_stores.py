@@ -180,3 +180,29 @@ def test_empty_store_reads_as_no_data(store: StateStore) -> None:
     assert state.newest_event_time == -math.inf
     assert store.load_partition("nope:0") is None
     assert np.isinf(state.arrivals.first_start)
+
+
+def test_the_epoch_stays_while_the_data_lives(store: StateStore, events: list[Event]) -> None:
+    """Every reader sees the same epoch, before and after commits and table publications."""
+    first = store.epoch()
+    assert isinstance(first, str) and first
+    run_partition(store, events, commit_every=97)
+    store.publish_table({"version": 1, "states": []})
+    assert store.epoch() == first
+
+
+@pytest.mark.integration
+def test_a_redis_that_lost_its_data_has_a_new_epoch(redis_url, redis_client, redis_namespace):
+    """The data gone (a restart without persistence, here its keys deleted): a new epoch, the
+    same for every instance of the namespace, so each one knows to reload its partitions."""
+    one, two = open_store(redis_url, redis_namespace), open_store(redis_url, redis_namespace)
+    try:
+        before = one.epoch()
+        assert two.epoch() == before
+        keys = list(redis_client.scan_iter(f"{redis_namespace}:*"))
+        redis_client.delete(*keys)
+        after = two.epoch()
+        assert after != before and one.epoch() == after
+    finally:
+        one.close()
+        two.close()
