@@ -2,14 +2,24 @@
 
 Endpoints (GET and HEAD): ``/`` (the status page), ``/healthz``, ``/readyz``, ``/v1/forecast``,
 ``/v1/table`` and ``/metrics``; the pages themselves live in :mod:`kvcast.exporters.http_pages`.
+
+Clients cannot hold it: a request (its line and headers, or the wait for the next request on a
+kept-alive connection) must arrive within ``REQUEST_DEADLINE_S`` in total, however slowly its
+bytes trickle in; at most ``max_connections`` connections have a thread, the one that has
+waited longest for its request giving way to a newcomer (503 only when all are answering);
+the listen backlog absorbs bursts of scrapers and engines connecting together.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
+import math
 import socket
 import socketserver
 import threading
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -24,21 +34,102 @@ __all__ = ["HttpServer", "PublishedState"]
 
 log = logging.getLogger(__name__)
 
-REQUEST_TIMEOUT_S = 5.0  # socket timeout of one connection
+REQUEST_TIMEOUT_S = 5.0  # socket timeout of one read or write
+REQUEST_DEADLINE_S = 10.0  # a whole request's line and headers, from the first byte awaited
+MAX_CONNECTIONS = 128  # connections with a thread at once
+EVICTABLE_AFTER_S = 1.0  # a connection waiting this long for its request may give way
+BACKLOG = 1024  # listen backlog (the kernel caps it at net.core.somaxconn)
 _POLL_S = 0.1  # how often the accept loop checks for shutdown
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"Content-Length: 17\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
+    b'{"error": "busy"}'
+)
 _ALLOW = "GET, HEAD"
 
 
 class _Server(ThreadingHTTPServer):
+    """Threads per connection, at most ``max_connections`` of them.
+
+    Ordering rule when all are taken: the connection that has waited longest for its request
+    (its line or headers, or the next request of a kept-alive connection) is closed to make
+    room, so a flood of idle or trickling connections cannot lock scrapers and engines out;
+    only when every connection is busy answering is the newcomer answered 503.
+    """
+
     daemon_threads = True
     allow_reuse_address = True
-    request_queue_size = 128  # listen backlog; the stdlib default of 5 drops bursts of clients
+    request_queue_size = BACKLOG  # the stdlib default of 5 drops bursts of clients
 
-    def __init__(self, host: str, port: int, state: PublishedState, registry: CollectorRegistry):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        state: PublishedState,
+        registry: CollectorRegistry,
+        max_connections: int = MAX_CONNECTIONS,
+        request_deadline_s: float = REQUEST_DEADLINE_S,
+    ):
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.state = state
         self.registry = registry
+        self.max_connections = max_connections
+        self.request_deadline_s = request_deadline_s
+        self._lock = threading.Lock()
+        self._open = 0  # connections with a thread
+        self._waiting: dict[socket.socket, float] = {}  # awaiting a request: since (monotonic)
         super().__init__((host, port), _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._lock:
+            if self._open >= self.max_connections and not self._evict_longest_waiting():
+                busy = True
+            else:
+                busy = False
+                self._open += 1
+        if busy:
+            try:
+                request.setblocking(False)
+                request.send(_BUSY)
+            except OSError:
+                pass  # a client that cannot take the reply now gets the close alone
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._closed(request)
+            raise
+
+    def _evict_longest_waiting(self) -> bool:
+        if not self._waiting:
+            return False
+        victim = min(self._waiting, key=self._waiting.__getitem__)
+        if time.monotonic() - self._waiting[victim] < EVICTABLE_AFTER_S:
+            return False  # an honest burst: everyone is mid-request, the newcomer gets 503
+        del self._waiting[victim]
+        with contextlib.suppress(OSError):
+            victim.shutdown(socket.SHUT_RDWR)  # its thread reads the end and returns
+        return True
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._closed(request)
+
+    def _closed(self, request: Any) -> None:
+        with self._lock:
+            self._open -= 1
+            self._waiting.pop(request, None)
+
+    def awaiting_request(self, connection: socket.socket, waiting: bool) -> None:
+        """The handler's state: reading a request (evictable) or answering one."""
+        with self._lock:
+            if waiting:
+                self._waiting[connection] = time.monotonic()
+            else:
+                self._waiting.pop(connection, None)
 
     def server_bind(self) -> None:
         """Bind without HTTPServer's reverse DNS lookup (``getfqdn`` can stall for seconds)."""
@@ -50,11 +141,44 @@ class _Server(ThreadingHTTPServer):
         log.debug("HTTP connection from %s failed", client_address, exc_info=True)
 
 
+class _DeadlineReader(io.RawIOBase):
+    """The connection's reads, each bounded by what is left of the request's deadline."""
+
+    def __init__(self, connection: socket.socket) -> None:
+        self._connection = connection
+        self.deadline = math.inf  # set for each request by the handler
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("request deadline passed")
+        self._connection.settimeout(min(left, REQUEST_TIMEOUT_S))
+        return self._connection.recv_into(buffer)
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     timeout = REQUEST_TIMEOUT_S
     server_version = "kvcast"
     sys_version = ""
+
+    def setup(self) -> None:
+        super().setup()
+        self._reader = _DeadlineReader(self.connection)
+        self.rfile = io.BufferedReader(self._reader)
+
+    def handle_one_request(self) -> None:
+        self._reader.deadline = time.monotonic() + self.server.request_deadline_s
+        self.server.awaiting_request(self.connection, True)
+        super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()  # reads the headers
+        self.server.awaiting_request(self.connection, False)
+        return parsed
 
     def do_GET(self) -> None:
         self._dispatch(head=False)
@@ -139,10 +263,19 @@ class HttpServer:
     """
 
     def __init__(
-        self, host: str, port: int, state: PublishedState, registry: CollectorRegistry
+        self,
+        host: str,
+        port: int,
+        state: PublishedState,
+        registry: CollectorRegistry,
+        max_connections: int = MAX_CONNECTIONS,
+        request_deadline_s: float = REQUEST_DEADLINE_S,
     ) -> None:
+        """``max_connections``: connections served at once; ``request_deadline_s``: seconds a
+        request's line and headers may take in all (see the module doc)."""
         self._host, self._port = host, port
         self._state, self._registry = state, registry
+        self._limits = (max_connections, request_deadline_s)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -153,7 +286,9 @@ class HttpServer:
         with self._lock:
             if self._closed or self._server is not None:
                 raise RuntimeError("an HttpServer starts once")
-            self._server = _Server(self._host, self._port, self._state, self._registry)
+            self._server = _Server(
+                self._host, self._port, self._state, self._registry, *self._limits
+            )
             self._thread = threading.Thread(
                 target=self._server.serve_forever,
                 kwargs={"poll_interval": _POLL_S},
