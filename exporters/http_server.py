@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 REQUEST_TIMEOUT_S = 5.0  # socket timeout of one read or write
 REQUEST_DEADLINE_S = 10.0  # a whole request's line and headers, from the first byte awaited
 MAX_CONNECTIONS = 128  # connections with a thread at once
-EVICTABLE_AFTER_S = 1.0  # a connection waiting this long for its request may give way
 BACKLOG = 1024  # listen backlog (the kernel caps it at net.core.somaxconn)
 _POLL_S = 0.1  # how often the accept loop checks for shutdown
 _BUSY = (
@@ -105,8 +104,6 @@ class _Server(ThreadingHTTPServer):
         if not self._waiting:
             return False
         victim = min(self._waiting, key=self._waiting.__getitem__)
-        if time.monotonic() - self._waiting[victim] < EVICTABLE_AFTER_S:
-            return False  # an honest burst: everyone is mid-request, the newcomer gets 503
         del self._waiting[victim]
         with contextlib.suppress(OSError):
             victim.shutdown(socket.SHUT_RDWR)  # its thread reads the end and returns
