@@ -32,7 +32,8 @@ from kvcast.lab.workload.generator import generate
 from kvcast.lab.workload.presets import preset
 from kvcast.stats.forecast import forecast_from_sample
 
-MOONCAKE = Path(__file__).resolve().parents[3] / "shared" / "data"  # ../shared/data
+# The repository's data/traces (shipped with the source: the lab runs from a checkout).
+MOONCAKE = Path(__file__).resolve().parents[2] / "data" / "traces"
 MOONCAKE_FILE = "mooncake_synthetic_trace.jsonl"
 # (label, policy, options): every column of the policy table.
 POLICY_SET: tuple[tuple[str, str, dict[str, Any]], ...] = (

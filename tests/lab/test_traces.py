@@ -15,9 +15,9 @@ from kvcast.lab.traces import (
     recover_conversations,
 )
 from kvcast.stats.events import parse_event
-from tests.services import missing
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "mooncake_synthetic_trace.jsonl"
+ROOT = Path(__file__).resolve().parents[2]
+MOONCAKE = ROOT / "data" / "traces" / "mooncake_synthetic_trace.jsonl"
 
 
 def _mc(ts: int, ids: list[int], inp: int | None = None) -> dict[str, Any]:
@@ -80,9 +80,9 @@ def test_mooncake_bad_lines_name_the_line() -> None:
 def test_mooncake_shared_trace_recovery_counts() -> None:
     import orjson
 
-    if not SHARED.exists():  # ../shared sits beside the checkout, in CI as on the dev machines
-        missing("the shared Mooncake trace", str(SHARED), "not found")
-    with open(SHARED, "rb") as fh:
+    if not MOONCAKE.exists():  # shipped in the repository (data/traces)
+        pytest.fail(f"{MOONCAKE} is missing: it ships with the repository (data/traces)")
+    with open(MOONCAKE, "rb") as fh:
         records = [(k, orjson.loads(line)) for k, line in enumerate(fh, 1)]
     _, full = convert_mooncake(records)
     _, hashable = convert_mooncake(records, match="hashable")
