@@ -21,6 +21,7 @@ import orjson
 
 from kvcast.cli.demo import demo_source
 from kvcast.cli.options import capacity_options, envvar_for, pop_stats_config, stats_options
+from kvcast.cli.secrets import hide_secrets_from_process_title, read_secret, with_password
 from kvcast.daemon.gc_tuning import tune_for_streaming
 from kvcast.daemon.instance import build_instance, open_store_and_source
 from kvcast.daemon.settings import MAX_WORKERS, DaemonSettings, redact_url
@@ -228,6 +229,22 @@ def _run_options(command: Any) -> Any:
     is_flag=True,
     help="Print the resolved settings (flags > KVCAST_* > --config file > defaults) and exit.",
 )
+@click.option(
+    "--store-password-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    envvar="KVCAST_STORE_PASSWORD_FILE",
+    show_envvar=True,
+    help="File whose first line is the Redis password (keeps it out of the process list).",
+)
+@click.option(
+    "--kafka-sasl-password-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    envvar="KVCAST_KAFKA_SASL_PASSWORD_FILE",
+    show_envvar=True,
+    help="File whose first line is the Kafka SASL password.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Status lines as JSON objects.")
 def run(log_level: str, as_json: bool, print_config: bool, **kwargs: Any) -> None:
     """Run the daemon: consume events, keep statistics, publish forecast and table."""
@@ -236,10 +253,12 @@ def run(log_level: str, as_json: bool, print_config: bool, **kwargs: Any) -> Non
     )
     # kafka-python's debug log dumps raw fetch responses, i.e. the events' user text: never.
     logging.getLogger("kafka").setLevel(max(logging.INFO, logging.getLevelName(log_level.upper())))
+    hide_secrets_from_process_title(sys.argv)
     stats = pop_stats_config(kwargs)
     kwargs["target_hit_ratios"] = tuple(kwargs["target_hit_ratios"])
     kwargs["taxonomy"] = int(kwargs["taxonomy"])
     try:
+        _read_password_files(kwargs)
         settings = DaemonSettings(stats=stats, **kwargs)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -256,6 +275,20 @@ def run(log_level: str, as_json: bool, print_config: bool, **kwargs: Any) -> Non
         raise click.UsageError(str(exc)) from None
     tune_for_streaming()
     sys.exit(serve(settings, store, source, status_json=as_json, log_level=log_level))
+
+
+def _read_password_files(kwargs: dict[str, Any]) -> None:
+    """Put the passwords of ``--store-password-file`` and ``--kafka-sasl-password-file`` in
+    their settings (ValueError naming the file or the conflict)."""
+    store_file = kwargs.pop("store_password_file")
+    if store_file is not None:
+        password = read_secret(store_file, "--store-password-file")
+        kwargs["store"] = with_password(kwargs["store"], password)
+    kafka_file = kwargs.pop("kafka_sasl_password_file")
+    if kafka_file is not None:
+        if kwargs.get("kafka_sasl_password") is not None:
+            raise ValueError("--kafka-sasl-password-file: a password was given already")
+        kwargs["kafka_sasl_password"] = read_secret(kafka_file, "--kafka-sasl-password-file")
 
 
 def serve(

@@ -93,6 +93,60 @@ def test_redis_auth_works_and_the_password_never_shows(tmp_path, redis_server_bi
     assert leaks == []
 
 
+def cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+
+@pytest.mark.integration
+def test_a_password_never_stays_in_the_process_list(tmp_path, redis_server_binary) -> None:
+    """``/proc/PID/cmdline`` is readable by every local user: a password given in ``--store``
+    or ``--kafka-sasl-password`` is scrubbed from the process title as soon as the flags are
+    parsed, and ``--store-password-file`` keeps it off the command line altogether."""
+    server = OwnRedis(tmp_path, password=PASSWORD)
+    titles: dict[str, str] = {}
+    try:
+        client = server.client()
+        plain_url = server.url.replace(f":{PASSWORD}@", "")
+        common = ["--source", f"file://{events_file(tmp_path)}", "--metrics-addr", "127.0.0.1:0",
+                  "--classifier", "off", "--refresh-interval", "0.2"]  # fmt: skip
+        flag = DaemonProcess(
+            [*common, "--store", server.url, "--namespace", "title",
+             "--kafka-sasl-password", PASSWORD],
+            tmp_path / "flag.log",
+        )  # fmt: skip
+        try:
+            wait_until(lambda: client.exists("title:{title}:table"), 60, "the table in Redis")
+            titles["password in the flags"] = cmdline(flag.process.pid)
+            assert "--store redis://:***@127.0.0.1" in titles["password in the flags"]
+            assert "--kafka-sasl-password ***" in titles["password in the flags"]
+        finally:
+            flag.stop(signal.SIGTERM)
+        secret = tmp_path / "redis-password"
+        secret.write_text(PASSWORD + "\n")
+        secret.chmod(0o600)
+        from_file = DaemonProcess(
+            [*common, "--store", plain_url, "--namespace", "pwfile",
+             "--store-password-file", str(secret)],
+            tmp_path / "file.log",
+        )  # fmt: skip
+        try:
+            wait_until(lambda: client.exists("pwfile:{pwfile}:table"), 60, "the table in Redis")
+            titles["password file"] = cmdline(from_file.process.pid)
+            titles["password file, log"] = from_file.text()
+        finally:
+            assert from_file.stop(signal.SIGTERM) == 0
+        both = kvcast("run", "--print-config", "--store", server.url,
+                      "--store-password-file", str(secret))  # fmt: skip
+        assert both.returncode == 2 and "give it in one place" in both.stderr
+        titles["both, error"] = both.stderr
+        client.close()
+    finally:
+        server.stop()
+    leaks = [where for where, text in titles.items() if PASSWORD in text]
+    TALLY.add(hostile_inputs=len(titles), differences=len(leaks))
+    assert leaks == []
+
+
 def make_certificate(directory: Path) -> tuple[Path, Path]:
     cert, key = directory / "cert.pem", directory / "key.pem"
     subprocess.run(
