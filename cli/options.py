@@ -12,11 +12,13 @@ environment, which wins over a config file (``run --config``), which wins over t
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
 from kvcast.stats.config import StatsConfig
+from kvcast.stats.taxonomy import label_map
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -162,3 +164,63 @@ def backbone_options(command: F) -> F:
         "intfloat/multilingual-e5-large-instruct from the model cache, else the packaged "
         "all-MiniLM-L6-v2).",
     )(command)
+
+
+def read_taxonomy_file(path: Path) -> tuple[str, ...]:
+    """The intents a ``--taxonomy-file`` adds: one name a line, ``#`` starts a comment.
+
+    ValueError naming the file and line for an unreadable file or a bad name.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--taxonomy-file {path}: cannot read it ({exc})") from None
+    names: list[str] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        name = line.split("#", 1)[0].strip()
+        if not name:
+            continue
+        try:
+            label_map(30, [name])
+        except ValueError as exc:
+            raise ValueError(f"--taxonomy-file {path}:{lineno}: {exc}") from None
+        if name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+TAXONOMY_HELP = "Intent categories (30, or the IAC paper's 20 or 10 merges)."
+TAXONOMY_FILE_HELP = (
+    "File of intents to count as states of their own, one a line (a producer's intent outside "
+    "the taxonomy and this file counts as unknown)."
+)
+
+
+def taxonomy_options(command: F) -> F:
+    """``--taxonomy`` and ``--taxonomy-file``; :func:`pop_label_map` turns them into a map."""
+    command = click.option(
+        "--taxonomy-file",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        default=None,
+        envvar="KVCAST_TAXONOMY_FILE",
+        show_envvar=True,
+        help=TAXONOMY_FILE_HELP,
+    )(command)
+    return click.option(
+        "--taxonomy",
+        type=TAXONOMY_CHOICE,
+        default="30",
+        show_default=True,
+        envvar="KVCAST_TAXONOMY",
+        show_envvar=True,
+        help=TAXONOMY_HELP,
+    )(command)
+
+
+def pop_label_map(kwargs: dict[str, Any]) -> dict[str, str]:
+    """Remove ``--taxonomy`` and ``--taxonomy-file`` from ``kwargs``: producer label -> state."""
+    size, path = int(kwargs.pop("taxonomy")), kwargs.pop("taxonomy_file")
+    try:
+        return label_map(size, read_taxonomy_file(path) if path is not None else ())
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -23,9 +24,11 @@ def replay_engine(
     config: StatsConfig,
     progress: TextIO | None = None,
     engine: ReplayEngineName = "auto",
+    label_map: Mapping[str, str] | None = None,
 ) -> StatsEngine:
     """Run every line of ``path`` through the statistics and finish them (all conversations
-    complete). Progress lines go to ``progress`` when given."""
+    complete). Progress lines go to ``progress`` when given; ``label_map``: the taxonomy's
+    producer label -> state label (default: the 30 categories)."""
     started = time.monotonic()
     last_report = -math.inf
     last: ReplayProgress | None = None
@@ -37,7 +40,13 @@ def replay_engine(
             last_report = time.monotonic()
             _progress_line(progress, now, last_report - started)
 
-    finished = replay_lines(lambda: read_line_batches(path), config, engine=engine, on_batch=report)
+    finished = replay_lines(
+        lambda: read_line_batches(path),
+        config,
+        engine=engine,
+        on_batch=report,
+        label_map=label_map,
+    )
     if progress is not None:
         if last is not None:
             _progress_line(progress, last, time.monotonic() - started)
@@ -54,9 +63,10 @@ def replay_file(
     kv_bytes_per_token: int | None = None,
     progress: TextIO | None = None,
     engine: ReplayEngineName = "auto",
+    label_map: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Replay a JSONL file; return ``{"forecast", "table", "events"}`` (SPEC section 6)."""
-    finished = replay_engine(path, config, progress, engine)
+    finished = replay_engine(path, config, progress, engine, label_map)
     snapshot = finished.snapshot()
     forecast = forecast_from_sample(
         snapshot.sample,

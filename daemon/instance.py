@@ -77,7 +77,10 @@ def build_instance(
     publisher = Publisher(
         settings, instrumented, source.health, extra_metrics=reports, publishing=publishing
     )
-    labeller = IntentLabeller(classify_batch=classifier.classify_batch if classifier else None)
+    labeller = IntentLabeller(
+        classify_batch=classifier.classify_batch if classifier else None,
+        label_map=settings.label_map(),
+    )
     daemon = Daemon(
         settings, instrumented, source, publisher, labeller=labeller, status_out=status_out
     )

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
 from kvcast.stats.config import StatsConfig
+from kvcast.stats.taxonomy import label_map
 
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 STORE_SCHEMES = ("memory", "redis", "rediss")
@@ -50,6 +51,9 @@ class DaemonSettings:
     classifier_backbone: str | None = None  # a local path or cached model name; None: default
     classifier_head: str | None = None  # a head file; None: the shipped head or zero-shot
     taxonomy: int = 30  # 30, 20 or 10 intent categories (the IAC paper's merges)
+    # Intents a deployment counts as states of their own (--taxonomy-file, read by the CLI);
+    # any other producer intent outside the taxonomy counts as unknown.
+    extra_intents: tuple[str, ...] = ()
     speedup: float = 240.0  # embedded default: event seconds per wall second
     sample_conversations: int = 20_000  # embedded default: size of the generated workload
     # Kafka connection security, passed to kafka-python as is (None: its defaults, PLAINTEXT).
@@ -129,6 +133,11 @@ class DaemonSettings:
             )
         if self.taxonomy not in (30, 20, 10):
             problems.append(f"taxonomy must be 30, 20 or 10 categories, got {self.taxonomy}")
+        else:
+            try:
+                label_map(self.taxonomy, self.extra_intents)
+            except ValueError as exc:
+                problems.append(str(exc))
         for target in self.target_hit_ratios:
             if not 0 < target < 1:
                 problems.append(f"target hit ratio {target} must be within (0, 1)")
@@ -145,6 +154,10 @@ class DaemonSettings:
     @property
     def embedded(self) -> bool:
         return self.source is None
+
+    def label_map(self) -> dict[str, str]:
+        """Producer label -> state label: the taxonomy and the extra intents."""
+        return label_map(self.taxonomy, self.extra_intents)
 
     def kafka_options(self) -> dict[str, str]:
         """kafka-python consumer options for the connection's security (only those set)."""

@@ -4,7 +4,7 @@ A custom collector turns the daemon's :class:`~kvcast.exporters.view.MetricsView
 metric families when Prometheus scrapes, so business code never calls a metrics client.
 ``describe()`` is defined so registering the collector does not trigger a collection. Label
 cardinality is bounded:
-``intent`` by the taxonomy (at most 64 labels, the rest folded into ``unknown``), ``turn`` by
+``intent`` by the taxonomy (and ``--taxonomy-file``; any other is ``unknown``), ``turn`` by
 ``max_turn`` (32), ``reason`` by the fixed rejection reasons, ``target`` by configuration.
 """
 

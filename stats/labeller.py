@@ -1,29 +1,29 @@
-"""The intent of an event: the producer's label, the classifier's, or ``unknown``, bounded."""
+"""The intent of an event: the producer's label or the classifier's, as the taxonomy counts it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvcast.stats.events import Event
 from kvcast.stats.taxonomy import UNKNOWN
-
-# Distinct intent labels accepted from producers before the rest are folded into `unknown`;
-# the label set becomes table keys and metric labels, so it must stay bounded.
-MAX_INTENT_LABELS = 64
+from kvcast.stats.taxonomy import label_map as taxonomy_label_map
 
 
 @dataclass
 class IntentLabeller:
-    """The intent of an event: the producer's label when given, else ``unknown``.
+    """The intent of an event: the producer's label when given, else the classifier's, else
+    ``unknown``; then its state label from ``label_map`` (the taxonomy's, see
+    :func:`~kvcast.stats.taxonomy.label_map`), a label outside it folding into ``unknown``.
 
     The classifier plugs in as ``classify`` (one event) or ``classify_batch`` (a consumer poll's
-    events at once). Labels beyond ``max_labels`` distinct ones are folded into ``unknown``.
+    events at once). ``labels`` (the state labels seen) and ``folded`` (events whose label was
+    outside the map) describe what happened; they never change an event's label.
     """
 
     classify: Callable[[Event], str] | None = None
     classify_batch: Callable[[Sequence[Event]], list[str]] | None = None
-    max_labels: int = MAX_INTENT_LABELS
+    label_map: Mapping[str, str] = field(default_factory=taxonomy_label_map)
     labels: set[str] = field(default_factory=set)
     folded: int = 0
 
@@ -31,7 +31,7 @@ class IntentLabeller:
         label = event.intent
         if label is None:
             label = self.classify(event) if self.classify is not None else UNKNOWN
-        return self._bounded(label)
+        return self._canonical(label)
 
     def label_batch(self, events: Sequence[Event]) -> list[str]:
         """Labels of several events in order; those without one are classified together."""
@@ -44,7 +44,7 @@ class IntentLabeller:
                 if label is None:
                     label = classify(event) if classify is not None else UNKNOWN
                 if label not in known:
-                    label = self._bounded(label)
+                    label = self._canonical(label)
                 out.append(label)
             return out
         missing = [i for i, event in enumerate(events) if event.intent is None]
@@ -54,13 +54,13 @@ class IntentLabeller:
                 missing, self.classify_batch([events[i] for i in missing]), strict=True
             ):
                 labels[index] = label
-        return [self._bounded(label) for label in labels]
+        return [self._canonical(label) for label in labels]
 
-    def _bounded(self, label: str) -> str:
-        if label in self.labels or label == UNKNOWN:
-            return label
-        if len(self.labels) < self.max_labels:
-            self.labels.add(label)
-            return label
-        self.folded += 1
-        return UNKNOWN
+    def _canonical(self, label: str) -> str:
+        state = self.label_map.get(label)
+        if state is None:
+            self.folded += 1
+            return UNKNOWN
+        if state != UNKNOWN:
+            self.labels.add(state)
+        return state

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -18,9 +18,10 @@ from kvcast.stats.config import StatsConfig
 from kvcast.stats.engine import StatsEngine
 from kvcast.stats.events import EventRejected
 from kvcast.stats.ingest import EngineTarget, ingest
-from kvcast.stats.labeller import MAX_INTENT_LABELS, IntentLabeller
+from kvcast.stats.labeller import IntentLabeller
 from kvcast.stats.native.replay import NativeReplay, ReplayUnsupported, native_available
 from kvcast.stats.snapshot import Snapshot
+from kvcast.stats.taxonomy import label_map as taxonomy_label_map
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,9 @@ class Pipeline:
 
 
 def offline_statistics(
-    records: Iterable[tuple[Hashable, int, bytes]], config: StatsConfig
+    records: Iterable[tuple[Hashable, int, bytes]],
+    config: StatsConfig,
+    label_map: Mapping[str, str] | None = None,
 ) -> tuple[Snapshot, Counter[str]]:
     """What the daemon publishes for ``records`` (partition, offset, payload), in one process.
 
@@ -68,7 +71,10 @@ def offline_statistics(
     partitions' statistics merged, the snapshot taken at the newest event time; with the
     rejections by reason. The reference the daemon's tests and the soak compare against.
     """
-    pipelines: dict[Hashable, Pipeline] = defaultdict(lambda: Pipeline(config))
+    labels = dict(label_map) if label_map is not None else taxonomy_label_map()
+    pipelines: dict[Hashable, Pipeline] = defaultdict(
+        lambda: Pipeline(config, IntentLabeller(label_map=labels))
+    )
     for partition, _, payload in sorted(records, key=lambda r: (str(r[0]), r[1])):
         pipelines[partition].offer(payload)
     merged = StatsEngine(config)
@@ -99,6 +105,7 @@ def replay_lines(
     *,
     engine: ReplayEngineName = "auto",
     on_batch: Callable[[ReplayProgress], None] | None = None,
+    label_map: Mapping[str, str] | None = None,
 ) -> StatsEngine:
     """Every line through the statistics, then the end of input (all conversations complete).
 
@@ -106,22 +113,25 @@ def replay_lines(
     the native engine meets a value it cannot represent and the Python engine takes over.
     ``engine``: ``native`` (the C engine, same numbers, several times faster; RuntimeError when
     not built), ``python`` (the daemon's engine, per event) or ``auto`` (native when built).
-    ``on_batch`` hears the progress after each batch.
+    ``on_batch`` hears the progress after each batch. ``label_map``: the taxonomy's producer
+    label -> state label (default: the 30 categories, :func:`~kvcast.stats.taxonomy.label_map`).
     """
+    labels = dict(label_map) if label_map is not None else taxonomy_label_map()
     if engine == "native" or (engine == "auto" and native_available()):
         try:
-            return _replay_native(open_batches, config, on_batch)
+            return _replay_native(open_batches, config, on_batch, labels)
         except ReplayUnsupported as exc:  # e.g. a timestamp of 2**52 s or more
             log.warning("native replay engine: %s; replaying with the Python engine", exc)
-    return _replay_python(open_batches, config, on_batch)
+    return _replay_python(open_batches, config, on_batch, labels)
 
 
 def _replay_native(
     open_batches: Callable[[], Iterable[Sequence[bytes]]],
     config: StatsConfig,
     on_batch: Callable[[ReplayProgress], None] | None,
+    label_map: dict[str, str],
 ) -> StatsEngine:
-    replay = NativeReplay(config, max_labels=MAX_INTENT_LABELS)
+    replay = NativeReplay(config, label_map=label_map)
     offered = 0
     for batch in open_batches():
         offered += replay.offer_lines(batch)
@@ -135,8 +145,9 @@ def _replay_python(
     open_batches: Callable[[], Iterable[Sequence[bytes]]],
     config: StatsConfig,
     on_batch: Callable[[ReplayProgress], None] | None,
+    label_map: dict[str, str],
 ) -> StatsEngine:
-    pipeline = Pipeline(config)
+    pipeline = Pipeline(config, IntentLabeller(label_map=label_map))
     counters = pipeline.engine.counters
     offered = 0
     for batch in open_batches():

@@ -6,6 +6,8 @@ Pure data shared by the statistics (state keys), the classifier (labels) and the
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from types import MappingProxyType
 
 UNKNOWN = "unknown"
@@ -130,3 +132,30 @@ def intents(size: int = 30) -> tuple[str, ...]:
     if size not in TAXONOMIES:
         raise ValueError(f"taxonomy size must be 30, 20 or 10, got {size}")
     return (*TAXONOMIES[size], UNKNOWN)
+
+
+# At most this many intents a deployment may add (``--taxonomy-file``): every state label becomes
+# a table key and a metric label, so the set stays bounded.
+MAX_EXTRA_INTENTS = 64
+_INTENT_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
+def label_map(size: int = 30, extra: Sequence[str] = ()) -> dict[str, str]:
+    """Producer label -> the state label it counts under; a label not in it folds to unknown.
+
+    The ``size``-category taxonomy's labels (30, 20 or 10) map to themselves, and with 20 or 10
+    the original 30 map to their merged category; ``extra`` intents (a deployment's own) map to
+    themselves; ``unknown`` to itself. The same map in every process: a label's fate never
+    depends on which labels a process happened to see first. ValueError names a bad extra.
+    """
+    mapping = {label: label for label in intents(size)}
+    mapping.update(merge_map(size))
+    if len(extra) > MAX_EXTRA_INTENTS:
+        raise ValueError(f"{len(extra)} extra intents: at most {MAX_EXTRA_INTENTS}")
+    for name in extra:
+        if not isinstance(name, str) or not _INTENT_NAME.fullmatch(name):
+            raise ValueError(f"extra intent {name!r}: use 1-64 of A-Z a-z 0-9 _ . : -")
+        if mapping.get(name, name) != name:
+            raise ValueError(f"extra intent {name!r} is already merged into {mapping[name]!r}")
+        mapping[name] = name
+    return mapping

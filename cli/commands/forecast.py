@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import click
 import orjson
 
 from kvcast.cli.delays import parse_delay_spec
-from kvcast.cli.options import block_size_option
+from kvcast.cli.options import block_size_option, pop_label_map, taxonomy_options
 from kvcast.cli.replaying import replay_engine
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.delays import DelayDistribution
@@ -230,6 +231,7 @@ _MOMENT_FLAGS = (
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Take the moments and delays from this JSONL request log instead of the flags.",
 )
+@taxonomy_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def forecast(
     lambda0: float | None,
@@ -248,6 +250,7 @@ def forecast(
     kv_bytes_per_token: float | None,
     from_replay: Path | None,
     as_json: bool,
+    **taxonomy: Any,
 ) -> None:
     """Forecast the prefix-cache hit ratio from workload moments (mean-field LRU), or from the
     statistics of a request log (--from-replay)."""
@@ -255,7 +258,9 @@ def forecast(
     if from_replay is not None:
         if capacity_blocks is None:
             raise click.UsageError("missing --capacity-blocks", ctx)
-        finished = replay_engine(from_replay, StatsConfig(block_size=block_size))
+        finished = replay_engine(
+            from_replay, StatsConfig(block_size=block_size), label_map=pop_label_map(taxonomy)
+        )
         result = forecast_from_sample(
             finished.snapshot().sample,
             capacity_blocks=capacity_blocks,

@@ -9,7 +9,13 @@ from typing import Any
 import click
 import orjson
 
-from kvcast.cli.options import capacity_options, pop_stats_config, stats_options
+from kvcast.cli.options import (
+    capacity_options,
+    pop_label_map,
+    pop_stats_config,
+    stats_options,
+    taxonomy_options,
+)
 from kvcast.cli.replaying import replay_file
 from kvcast.cli.report import format_replay_report
 from kvcast.daemon.gc_tuning import tune_for_streaming
@@ -21,6 +27,7 @@ from kvcast.stats.replay import ReplayEngineName
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @stats_options
 @capacity_options
+@taxonomy_options
 @click.option(
     "--json", "as_json", is_flag=True, help="Print one JSON object (forecast, table, events)."
 )
@@ -38,6 +45,7 @@ def replay(file: Path, as_json: bool, engine: ReplayEngineName, **kwargs: Any) -
     On a terminal, progress goes to standard error; standard output holds only the result.
     """
     config = pop_stats_config(kwargs)
+    labels = pop_label_map(kwargs)
     tune_for_streaming()
     show_progress = not as_json and sys.stderr.isatty()
     if engine == "native" and not native_available():
@@ -53,6 +61,7 @@ def replay(file: Path, as_json: bool, engine: ReplayEngineName, **kwargs: Any) -
         kv_bytes_per_token=kwargs["kv_bytes_per_token"],
         progress=sys.stderr if show_progress else None,
         engine=engine,
+        label_map=labels,
     )
     if as_json:
         sys.stdout.buffer.write(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n")

@@ -20,7 +20,16 @@ import click
 import orjson
 
 from kvcast.cli.demo import demo_source
-from kvcast.cli.options import capacity_options, envvar_for, pop_stats_config, stats_options
+from kvcast.cli.options import (
+    TAXONOMY_CHOICE,
+    TAXONOMY_FILE_HELP,
+    TAXONOMY_HELP,
+    capacity_options,
+    envvar_for,
+    pop_stats_config,
+    read_taxonomy_file,
+    stats_options,
+)
 from kvcast.cli.secrets import hide_secrets_from_process_title, read_secret, with_password
 from kvcast.daemon.gc_tuning import tune_for_streaming
 from kvcast.daemon.instance import build_instance, open_store_and_source
@@ -114,7 +123,7 @@ _RUN_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
     ),
     ("--classifier-backbone", "classifier_backbone", str, "Embedding model: local path or name."),
     ("--classifier-head", "classifier_head", str, "Trained head file (default: shipped)."),
-    ("--taxonomy", "taxonomy", click.Choice(["30", "20", "10"]), "Intent categories."),
+    ("--taxonomy", "taxonomy", TAXONOMY_CHOICE, TAXONOMY_HELP),
     (
         "--kafka-security-protocol",
         "kafka_security_protocol",
@@ -245,6 +254,14 @@ def _run_options(command: Any) -> Any:
     show_envvar=True,
     help="File whose first line is the Kafka SASL password.",
 )
+@click.option(
+    "--taxonomy-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    envvar="KVCAST_TAXONOMY_FILE",
+    show_envvar=True,
+    help=TAXONOMY_FILE_HELP,
+)
 @click.option("--json", "as_json", is_flag=True, help="Status lines as JSON objects.")
 def run(log_level: str, as_json: bool, print_config: bool, **kwargs: Any) -> None:
     """Run the daemon: consume events, keep statistics, publish forecast and table."""
@@ -259,6 +276,9 @@ def run(log_level: str, as_json: bool, print_config: bool, **kwargs: Any) -> Non
     kwargs["taxonomy"] = int(kwargs["taxonomy"])
     try:
         _read_password_files(kwargs)
+        taxonomy_file = kwargs.pop("taxonomy_file")
+        if taxonomy_file is not None:
+            kwargs["extra_intents"] = read_taxonomy_file(taxonomy_file)
         settings = DaemonSettings(stats=stats, **kwargs)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

@@ -11,7 +11,7 @@ from typing import Any
 import click
 import orjson
 
-from kvcast.cli.options import pop_stats_config, stats_options
+from kvcast.cli.options import pop_label_map, pop_stats_config, stats_options, taxonomy_options
 from kvcast.exporters.client import (
     HttpTableSource,
     RedisTableSource,
@@ -57,12 +57,12 @@ def format_table(doc: Mapping[str, Any], source: str) -> str:
 
 
 def _load(redis_url: str | None, namespace: str, http: str | None, replay: Path | None,
-          config: Any) -> tuple[dict[str, Any] | None, str]:  # fmt: skip
+          config: Any, labels: dict[str, str]) -> tuple[dict[str, Any] | None, str]:  # fmt: skip
     if replay is not None:
         from kvcast.cli.replaying import replay_engine
         from kvcast.stats.priority import table_document
 
-        finished = replay_engine(replay, config)
+        finished = replay_engine(replay, config, label_map=labels)
         return table_document(finished.snapshot(), config, version=1), str(replay)
     if redis_url is not None:
         source: Any = RedisTableSource(redis_url, namespace, timeout_s=5.0)
@@ -95,6 +95,7 @@ def _load(redis_url: str | None, namespace: str, http: str | None, replay: Path 
     help="Compute it from a request log (the statistics flags apply).",
 )
 @stats_options
+@taxonomy_options
 @click.option("--json", "as_json", is_flag=True, help="Print the table document (SPEC 5).")
 def table(
     redis_url: str | None,
@@ -111,7 +112,8 @@ def table(
     if sum(x is not None for x in (redis_url, http, replay)) > 1:
         raise click.UsageError("give one of --redis, --http, --replay")
     config = pop_stats_config(kwargs)
-    doc, where = _load(redis_url, namespace, http, replay, config)
+    labels = pop_label_map(kwargs)
+    doc, where = _load(redis_url, namespace, http, replay, config, labels)
     if doc is None:
         raise click.ClickException(f"no table published yet at {where}")
     if as_json:

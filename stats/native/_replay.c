@@ -8,7 +8,7 @@
  *
  * The Python modules are the specification; this file mirrors them literally:
  *   - ingest: payloads in order, a rejection counted where it stands -> core_offer_lines
- *   - IntentLabeller.label_batch/_bounded        -> apply_event (label decision), label_commit
+ *   - IntentLabeller.label_batch/_canonical      -> apply_event (label decision), label_commit
  *   - ConversationTracker.observe/_complete_due/flush and _SecondBuckets
  *                                                -> apply_event, complete_due, core_finish
  *   - StatsWindow.add / Bucket.add_conversation -> window_add
@@ -763,7 +763,7 @@ typedef struct {
     double max_age, bucket_s;
     int64_t rate_window;
     int64_t max_open;
-    int64_t max_labels;
+    PyObject *label_map;   /* producer label -> state label (IntentLabeller.label_map) */
     PyObject *unknown_label;
     PyObject *parse, *rejected, *event_type, *delay_type;
     PyObject *decode;          /* parse_event's strict decoder, called without parse_event */
@@ -1565,7 +1565,7 @@ label_is(const void *base, const void *what, int64_t val)
     return o == what || str_eq(o, (PyObject *)what);
 }
 
-/* Commit the labeller's decision (IntentLabeller._bounded). */
+/* Commit the labeller's decision (IntentLabeller._canonical). */
 static inline int
 label_commit(Core *self, int action, PyObject *label, Py_hash_t h, int64_t id)
 {
@@ -1679,7 +1679,7 @@ apply_fields(Core *self, PyObject *ev, const FieldTable *ft, PyObject *default_r
         __builtin_prefetch(seen_home);
     }
 
-    /* IntentLabeller.__call__ -> _bounded, decided now, committed below. */
+    /* IntentLabeller.label_batch -> _canonical, decided now, committed below. */
     PyObject *label = intent_o == Py_None ? self->unknown_label : intent_o;
     int action = 0; /* 0: known or unknown, 1: add a label, 2: fold */
     int64_t label_id = 0;
@@ -1696,15 +1696,41 @@ apply_fields(Core *self, PyObject *ev, const FieldTable *ft, PyObject *default_r
         else if (str_eq(label, self->unknown_label)) {
             label_id = 0;
         }
-        else if ((int64_t)self->labels.used < self->max_labels) {
-            label_id = self->nlabel_objs;
-            if (label_id >= MAX_LABEL_IDS) {
-                return unsupported(self, "too many intent labels for the native engine");
-            }
-            action = 1;
-        }
         else {
-            action = 2;
+            /* Not seen yet: the taxonomy's label map decides (absent: fold into unknown). */
+            PyObject *state = PyDict_GetItemWithError(self->label_map, label); /* borrowed */
+            if (state == NULL) {
+                if (PyErr_Occurred()) {
+                    return -1;
+                }
+                action = 2;
+            }
+            else {
+                if (!PyUnicode_CheckExact(state)) {
+                    return unsupported(self, "a label map value that is not a str");
+                }
+                if (state != label && !str_eq(state, label)) { /* a merged category */
+                    label = state;
+                    label_hash = str_key_hash(label, self->seed);
+                    lp = ht_find(&self->labels, label_hash, label_is, self->label_objs, label);
+                    if (lp == -2) {
+                        return unsupported(self, "colliding intent labels");
+                    }
+                }
+                if (lp >= 0) {
+                    label_id = self->labels.e[lp].val;
+                }
+                else if (str_eq(label, self->unknown_label)) {
+                    label_id = 0;
+                }
+                else {
+                    label_id = self->nlabel_objs;
+                    if (label_id >= MAX_LABEL_IDS) {
+                        return unsupported(self, "too many intent labels for the native engine");
+                    }
+                    action = 1;
+                }
+            }
         }
     }
 
@@ -1998,7 +2024,8 @@ core_ready(Core *self)
 {
     if (self->parse == NULL || self->decode == NULL || self->decode_type == NULL ||
         self->rejected == NULL ||
-        self->event_type == NULL || self->delay_type == NULL || self->unknown_label == NULL || self->reason_index == NULL) {
+        self->event_type == NULL || self->delay_type == NULL || self->unknown_label == NULL || self->reason_index == NULL ||
+        self->label_map == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "ReplayCore has been cleared");
         return -1;
     }
@@ -2331,7 +2358,7 @@ take_field(FieldTable *ft, int f)
 static char *core_kwlist[] = {
     "block_size", "completion_timeout_s", "allowed_lateness_s", "max_turn",
     "window_conversations", "window_max_age_s", "bucket_s", "rate_window_s",
-    "max_open_conversations", "max_labels", "unknown_label", "parse", "rejected", "event_type",
+    "max_open_conversations", "label_map", "unknown_label", "parse", "rejected", "event_type",
     "delay_type", "decode", "decode_type", "max_event_bytes", NULL,
 };
 
@@ -2383,8 +2410,11 @@ core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         cfg_float(self, a[5], "window_max_age_s", &self->max_age) < 0 ||
         cfg_float(self, a[6], "bucket_s", &bucket_s) < 0 ||
         cfg_int(self, a[7], "rate_window_s", &self->rate_window) < 0 ||
-        cfg_int(self, a[8], "max_open_conversations", &self->max_open) < 0 ||
-        cfg_int(self, a[9], "max_labels", &self->max_labels) < 0) {
+        cfg_int(self, a[8], "max_open_conversations", &self->max_open) < 0) {
+        goto fail;
+    }
+    if (!PyDict_CheckExact(a[9])) {
+        PyErr_SetString(PyExc_TypeError, "label_map must be a dict");
         goto fail;
     }
     self->bucket_s = bucket_s;
@@ -2459,6 +2489,10 @@ core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->decode = Py_NewRef(a[15]);
     self->decode_type = Py_NewRef(a[16]);
     self->unknown_label = Py_NewRef(a[10]);
+    self->label_map = PyDict_Copy(a[9]); /* a private copy: it cannot change under the engine */
+    if (self->label_map == NULL) {
+        goto fail;
+    }
     self->parse = Py_NewRef(a[11]);
     self->rejected = Py_NewRef(a[12]);
     self->event_type = Py_NewRef(a[13]);
@@ -2526,6 +2560,7 @@ static const size_t core_refs[] = {
     offsetof(Core, parse),       offsetof(Core, decode),         offsetof(Core, decode_type),
     offsetof(Core, rejected),    offsetof(Core, event_type),     offsetof(Core, delay_type),
     offsetof(Core, unsupported), offsetof(Core, last_rejection), offsetof(Core, reason_index),
+    offsetof(Core, label_map),
 };
 
 static int

@@ -18,7 +18,7 @@ The extension is optional (a plain install without a C compiler skips it): calle
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from types import ModuleType
 
 import msgspec
@@ -28,6 +28,7 @@ from kvcast.stats.config import StatsConfig
 from kvcast.stats.engine import EventCounters, StatsEngine
 from kvcast.stats.events import MAX_EVENT_BYTES, Event, EventRejected, parse_event
 from kvcast.stats.taxonomy import UNKNOWN
+from kvcast.stats.taxonomy import label_map as taxonomy_label_map
 from kvcast.stats.window import Bucket, DelaySample, MomentSums, StateSums
 
 
@@ -80,8 +81,9 @@ def native_available() -> bool:
 class NativeReplay:
     """Raw event lines in, a finished :class:`StatsEngine` out (see the module docstring)."""
 
-    def __init__(self, config: StatsConfig, *, max_labels: int) -> None:
-        """``max_labels``: distinct producer intent labels kept before folding into unknown."""
+    def __init__(self, config: StatsConfig, *, label_map: Mapping[str, str] | None = None) -> None:
+        """``label_map``: producer label -> state label, the rest folded into unknown (default:
+        the 30-category taxonomy's, :func:`~kvcast.stats.taxonomy.label_map`)."""
         if _NATIVE is None:
             raise RuntimeError(
                 "the native replay engine (kvcast.stats.native._replay) is not built"
@@ -97,7 +99,7 @@ class NativeReplay:
             bucket_s=config.bucket_s,
             rate_window_s=config.rate_window_s,
             max_open_conversations=config.max_open_conversations,
-            max_labels=max_labels,
+            label_map=dict(label_map if label_map is not None else taxonomy_label_map()),
             unknown_label=UNKNOWN,
             parse=parse_event,
             decode=_decode_fields,

@@ -62,13 +62,16 @@ def events(path: Path) -> Path:
 
 
 def test_table_from_a_replay(tmp_path: Path) -> None:
-    result = invoke("--replay", str(events(tmp_path / "e.jsonl")), "--json")
+    own = tmp_path / "intents.txt"  # "coding" is this deployment's own intent
+    own.write_text("# added to the 30 categories\ncoding\n")
+    taxonomy = ("--taxonomy-file", str(own))
+    result = invoke("--replay", str(events(tmp_path / "e.jsonl")), *taxonomy, "--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     states = {(s["intent"], s["turn"]): s for s in doc["states"]}
     assert states[("coding", 1)]["conversations"] == 6
     assert states[("coding", 2)]["p_continue"] == pytest.approx(2 / 4)
-    human = invoke("--replay", str(events(tmp_path / "e.jsonl")))
+    human = invoke("--replay", str(events(tmp_path / "e.jsonl")), *taxonomy)
     assert "3 states over 1 intents" in human.output
     assert "coding                          2      0.500" in human.output
 
@@ -101,3 +104,12 @@ def test_table_from_redis(redis_url: str, redis_namespace: str) -> None:
     store.close()
     result = invoke("--redis", redis_url, "--namespace", redis_namespace, "--json")
     assert result.exit_code == 0 and json.loads(result.output) == TABLE
+
+
+def test_an_intent_outside_the_taxonomy_counts_as_unknown(tmp_path: Path) -> None:
+    result = invoke("--replay", str(events(tmp_path / "e.jsonl")), "--json")
+    assert {s["intent"] for s in json.loads(result.output)["states"]} == {"unknown"}
+    bad = tmp_path / "bad.txt"
+    bad.write_text("fine\nnot fine\n")
+    refused = invoke("--replay", str(events(tmp_path / "e.jsonl")), "--taxonomy-file", str(bad))
+    assert refused.exit_code == 2 and f"{bad}:2" in refused.output

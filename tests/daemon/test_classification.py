@@ -55,7 +55,8 @@ def lines(count: int) -> list[bytes]:
                      "input_tokens": 100 * turn, "output_tokens": 20, "prompt": text}
                 )
             )  # fmt: skip
-    out.append(orjson.dumps({**orjson.loads(out[0]), "session_id": "given", "intent": "travel"}))
+    given = {**orjson.loads(out[0]), "session_id": "given", "intent": "travel_planning"}
+    out.append(orjson.dumps(given))
     return sorted(out, key=lambda line: orjson.loads(line)["timestamp"])
 
 
@@ -90,7 +91,7 @@ def test_events_without_intent_are_classified_in_poll_batches() -> None:
     store, publisher, classifier = run_daemon(KeywordClassifier(), 5.0, lines(100))
     table = store.read_table()
     intents = {state["intent"] for state in table["states"]}
-    assert intents == {"code_debugging", "chitchat", "travel"}
+    assert intents == {"code_debugging", "chitchat", "travel_planning"}
     assert max(classifier.batches) > 50  # one batch per poll, not one call per event
     metrics = build_registry(publisher.published.metrics_view)
     assert metrics.get_sample_value("kvcast_classifier_latency_seconds_count") == 200

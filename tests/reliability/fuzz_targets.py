@@ -119,7 +119,7 @@ NUMERIC_TEXT = (
     "9223372036854775808", "true", "null", '"1"',
 )  # fmt: skip
 SESSIONS = ("a", "b", "c", "d", "e", "f")
-INTENTS = ("coding", "chat", "search", "unknown", "math")
+INTENTS = ("code_debugging", "chitchat", "x1", "coding", "unknown")  # in, extra, out, unknown
 
 
 class FuzzFailure(AssertionError):
@@ -315,6 +315,7 @@ def make_pipeline_target():
     from kvcast.stats.events import REJECT_REASONS
     from kvcast.stats.labeller import IntentLabeller
     from kvcast.stats.replay import Pipeline
+    from kvcast.stats.taxonomy import label_map
 
     engine_module.EXPIRE_EVERY_COMPLETIONS = FUZZ_EXPIRE_EVERY_COMPLETIONS
     reasons = frozenset(REJECT_REASONS)
@@ -435,7 +436,8 @@ def make_pipeline_target():
             min_delay_samples=fdp.ConsumeIntInRange(1, 3),
             max_open_conversations=fdp.ConsumeIntInRange(1, 8),
         )
-        labeller = IntentLabeller(max_labels=fdp.ConsumeIntInRange(1, 4))
+        extra = [f"x{n}" for n in range(fdp.ConsumeIntInRange(0, 4))]
+        labeller = IntentLabeller(label_map=label_map(pick([30, 20, 10]), extra))
         pipeline = Pipeline(config, labeller)
         clock = [float(fdp.ConsumeIntInRange(0, 2_000_000_000))]
         if fdp.ConsumeIntInRange(0, 15) == 0:
@@ -467,7 +469,8 @@ def make_pipeline_target():
             counters.processed + counters.duplicates + engine_rejected == valid,
             f"{valid} valid events, counters {counters.to_dict()}",
         )
-        check(len(labeller.labels) <= labeller.max_labels, "intent labels beyond the bound")
+        states = set(labeller.label_map.values())
+        check(labeller.labels <= states, "intent labels outside the taxonomy")
 
         engine.finish()
         snapshot = engine.snapshot()

@@ -20,6 +20,7 @@ from kvcast.stats.ingest import EngineTarget, ingest
 from kvcast.stats.labeller import IntentLabeller
 from kvcast.stats.partition import PartitionEngine
 from kvcast.stats.snapshot import take_snapshot
+from kvcast.stats.taxonomy import label_map
 from kvcast.stats.window import StatsWindow
 from tests.support import canonical
 
@@ -48,6 +49,12 @@ MALFORMED: tuple[tuple[bytes, str], ...] = (
         b' "output_tokens": 1, "cached_tokens": 5}',
         "cached_exceeds_input",
     ),
+)
+
+# The intents these tests send: taxonomy labels and a few of the tests' own, added as a
+# deployment adds its own (--taxonomy-file), so that every label counts as itself.
+LABELS = label_map(
+    30, [*(f"i{n}" for n in range(5)), "coding", *(f"turn-{t}" for t in range(1, 30))]
 )
 
 
@@ -82,7 +89,7 @@ def batch_recording_labeller() -> tuple[IntentLabeller, list[int]]:
         sizes.append(len(events))
         return [f"turn-{e.turn}" for e in events]
 
-    return IntentLabeller(classify_batch=classify_batch), sizes
+    return IntentLabeller(label_map=LABELS, classify_batch=classify_batch), sizes
 
 
 def test_valid_payloads_are_applied_in_order_with_their_positions() -> None:
@@ -90,7 +97,7 @@ def test_valid_payloads_are_applied_in_order_with_their_positions() -> None:
     payloads = [event(session_id=f"s{n}", intent=f"i{n}") for n in range(5)]
     payloads[2] = payloads[2].decode()  # text is a payload too
     items = [(target, 100 + n, payload) for n, payload in enumerate(payloads)]
-    assert ingest(items, IntentLabeller()) is None
+    assert ingest(items, IntentLabeller(label_map=LABELS)) is None
     assert target.applied == [(100 + n, f"s{n}", f"i{n}") for n in range(5)]
     assert target.rejected == []
 
@@ -106,7 +113,7 @@ def test_rejections_are_counted_with_their_reason_and_position_and_the_last_is_r
     items = [(target, 0, event())]
     items += [(target, 1 + n, payload) for n, (payload, _) in enumerate(MALFORMED)]
     items += [(target, 9, event(session_id="t"))]
-    last = ingest(items, IntentLabeller())
+    last = ingest(items, IntentLabeller(label_map=LABELS))
     assert target.rejected == [(reason, 1 + n) for n, (_, reason) in enumerate(MALFORMED)]
     assert [position for position, _, _ in target.applied] == [0, 9]
     assert isinstance(last, EventRejected)
@@ -152,7 +159,7 @@ def test_the_run_before_a_rejection_is_applied_before_the_rejection_is_counted()
         (target, n, b"{" if kind == "R" else event(session_id=f"s{n}"))
         for n, kind in enumerate(pattern)
     ]
-    ingest(items, IntentLabeller())
+    ingest(items, IntentLabeller(label_map=LABELS))
     assert target.log == [
         ("reject" if kind == "R" else "apply", n) for n, kind in enumerate(pattern)
     ]
@@ -215,7 +222,7 @@ def streams(draw: st.DrawFn) -> list[bytes]:
 def direct(lines: list[bytes]) -> StatsEngine:
     """The reference: each line parsed and handed to the engine on its own, in order."""
     engine = StatsEngine(CONFIG)
-    labeller = IntentLabeller(classify=_classify)
+    labeller = IntentLabeller(label_map=LABELS, classify=_classify)
     for line in lines:
         try:
             parsed = parse_event(line)
@@ -227,7 +234,9 @@ def direct(lines: list[bytes]) -> StatsEngine:
 
 
 def batch_labeller() -> IntentLabeller:
-    return IntentLabeller(classify_batch=lambda events: [_classify(e) for e in events])
+    return IntentLabeller(
+        label_map=LABELS, classify_batch=lambda events: [_classify(e) for e in events]
+    )
 
 
 def assert_same_statistics(engine: StatsEngine, expected: StatsEngine) -> None:
@@ -295,6 +304,6 @@ def test_a_partition_engine_ingests_a_partition_as_a_stats_engine_does_the_log(
 @pytest.mark.parametrize("payload,reason", MALFORMED)
 def test_each_malformed_payload_is_rejected_with_its_reason(payload: bytes, reason: str) -> None:
     target = Recorder()
-    last = ingest([(target, 3, payload)], IntentLabeller())
+    last = ingest([(target, 3, payload)], IntentLabeller(label_map=LABELS))
     assert last is not None and last.reason == reason
     assert target.rejected == [(reason, 3)] and target.applied == []

@@ -19,9 +19,10 @@ from kvcast.lab.workload.generator import generate
 from kvcast.lab.workload.presets import PRESETS, preset
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.engine import StatsEngine
-from kvcast.stats.labeller import MAX_INTENT_LABELS
+from kvcast.stats.labeller import IntentLabeller
 from kvcast.stats.native.replay import NativeReplay, ReplayUnsupported
 from kvcast.stats.replay import Pipeline, replay_lines
+from kvcast.stats.taxonomy import INTENTS_30, intents, label_map
 from kvcast.stats.window import DelaySample
 from tests.stats.test_events_decoder import EDGE_CASES, payloads
 from tests.support import canonical, require_native
@@ -69,17 +70,22 @@ def _native_built() -> None:
     require_native()
 
 
-def python_replay(lines: Sequence[bytes], config: StatsConfig) -> tuple[StatsEngine, Pipeline]:
-    pipeline = Pipeline(config)
+def python_replay(
+    lines: Sequence[bytes], config: StatsConfig, labels: dict[str, str] | None = None
+) -> tuple[StatsEngine, Pipeline]:
+    pipeline = Pipeline(config, IntentLabeller(label_map=labels or label_map()))
     pipeline.offer_all(lines)
     pipeline.engine.finish()
     return pipeline.engine, pipeline
 
 
 def native_replay(
-    lines: Sequence[bytes], config: StatsConfig, batch: int = 1000
+    lines: Sequence[bytes],
+    config: StatsConfig,
+    batch: int = 1000,
+    labels: dict[str, str] | None = None,
 ) -> tuple[StatsEngine, NativeReplay]:
-    replay = NativeReplay(config, max_labels=MAX_INTENT_LABELS)
+    replay = NativeReplay(config, label_map=labels)
     for start in range(0, len(lines), batch):
         assert replay.offer_lines(iter(lines[start : start + batch])) == len(
             lines[start : start + batch]
@@ -113,9 +119,14 @@ def state(engine: StatsEngine) -> tuple:
     )
 
 
-def assert_same(lines: Sequence[bytes], config: StatsConfig, batch: int = 1000) -> StatsEngine:
-    expected, pipeline = python_replay(lines, config)
-    got, replay = native_replay(lines, config, batch)
+def assert_same(
+    lines: Sequence[bytes],
+    config: StatsConfig,
+    batch: int = 1000,
+    labels: dict[str, str] | None = None,
+) -> StatsEngine:
+    expected, pipeline = python_replay(lines, config, labels)
+    got, replay = native_replay(lines, config, batch, labels)
     assert state(got) == state(expected)
     assert canonical(got.snapshot()) == canonical(expected.snapshot())
     assert replay.labels() == (pipeline.labeller.labels, pipeline.labeller.folded)
@@ -213,7 +224,7 @@ def test_counters_agree_while_the_input_is_still_open() -> None:
     lines = list(trace.jsonl_lines())
     lines[100:100] = [*BAD_LINES, lines[50], lines[40]]
     pipeline = Pipeline(TINY)
-    replay = NativeReplay(TINY, max_labels=MAX_INTENT_LABELS)
+    replay = NativeReplay(TINY)
     for start in range(0, len(lines), 250):
         batch = lines[start : start + 250]
         pipeline.offer_all(batch)
@@ -239,15 +250,24 @@ def _as_finished(engine: StatsEngine) -> StatsEngine:
     )
 
 
-def test_labels_beyond_the_limit_fold_into_unknown_as_the_labeller_does() -> None:
+@pytest.mark.parametrize(("size", "extra"), [(30, ()), (20, ()), (10, ("billing", "triage"))])
+def test_labels_outside_the_taxonomy_fold_into_unknown_as_the_labeller_does(
+    size: int, extra: tuple[str, ...]
+) -> None:
+    """Taxonomy labels, the 30 originals under a merge, a deployment's extra intents and 80
+    junk labels sent first (label squatting): both engines give every event the same state."""
+    junk = [f"label-{i}" for i in range(80)]
+    names = [*junk, *INTENTS_30, "billing", "triage", "unknown"]
     lines = [
-        event_line(i, 1, float(i), 32, intent=f"label-{i % 80}", cached=None, request_id=None)
-        for i in range(400)
+        event_line(i, 1, float(i), 32, intent=names[i % len(names)], cached=None, request_id=None)
+        for i in range(3 * len(names))
     ]
-    assert_same(lines, StatsConfig())
-    _, replay = native_replay(lines, StatsConfig())
-    labels, folded = replay.labels()
-    assert len(labels) == MAX_INTENT_LABELS and folded == 400 - 5 * MAX_INTENT_LABELS
+    labels = label_map(size, extra)
+    assert_same(lines, StatsConfig(), labels=labels)
+    _, replay = native_replay(lines, StatsConfig(), labels=labels)
+    kept, folded = replay.labels()
+    assert kept == set(intents(size)[:-1]) | set(extra)  # every category, whatever came first
+    assert folded == 3 * (len(junk) + 2 - len(extra))
 
 
 def test_a_timestamp_beyond_2_52_s_hands_the_replay_to_the_python_engine(
@@ -258,7 +278,7 @@ def test_a_timestamp_beyond_2_52_s_hands_the_replay_to_the_python_engine(
         event_line(2, 1, 2.0**53, 32, intent=None, cached=None, request_id=None),
         event_line(1, 2, 20.0, 32, intent=None, cached=None, request_id=None),
     ]
-    replay = NativeReplay(StatsConfig(), max_labels=MAX_INTENT_LABELS)
+    replay = NativeReplay(StatsConfig())
     with pytest.raises(ReplayUnsupported):
         replay.offer_lines(lines)
     assert replay.processed == 1  # the lines before it stay applied
@@ -275,7 +295,7 @@ def test_a_timestamp_beyond_2_52_s_hands_the_replay_to_the_python_engine(
 
 def test_an_error_other_than_a_rejection_propagates_and_keeps_what_came_before() -> None:
     good = event_line(1, 1, 10.0, 32, intent=None, cached=None, request_id=None)
-    replay = NativeReplay(StatsConfig(), max_labels=MAX_INTENT_LABELS)
+    replay = NativeReplay(StatsConfig())
     with pytest.raises(TypeError):
         replay.offer_lines([good, 12345])  # type: ignore[list-item]
     assert replay.processed == 1 and replay.rejected_total == 0
