@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvcast.daemon.published import Published
-from kvcast.daemon.refresh import compute_refresh, expiry_bounds, should_publish
+from kvcast.daemon.refresh import compute_refresh, emptied, expiry_bounds, should_publish
 from kvcast.daemon.settings import DaemonSettings
 from kvcast.daemon.stores import StateStore, StoreUnavailable
 
@@ -44,6 +44,7 @@ class Publisher:
         self._clock = clock
         self.published = Published(source_health, clock, extra_metrics, publishing)
         self._table_published_at = -math.inf
+        self._keeping_table = False  # an emptied window was reported; the last table stays
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -101,6 +102,7 @@ class Publisher:
             table["version"] = version + 1
             self.store.publish_table(table)
             self._table_published_at = self._clock()
+        self._report_emptied(previous, table, state.newest_event_time)
         bounds = expiry_bounds(state, result.snapshot, self.settings.stats.rate_window_s)
         if bounds is not None:
             self.store.expire(*bounds)
@@ -110,6 +112,23 @@ class Publisher:
             state.counters.to_dict(),
             time.perf_counter() - started,
         )
+
+    def _report_emptied(
+        self, previous: dict[str, Any] | None, table: dict[str, Any], newest_s: float
+    ) -> None:
+        """Say once why the published table stays while the window is empty."""
+        if not emptied(previous, table):
+            self._keeping_table = False
+            return
+        if not self._keeping_table and previous is not None:
+            self._keeping_table = True
+            log.warning(
+                "the statistics window is empty at event time %s (no completed conversation "
+                "within --window-max-age %g s): keeping table v%d; an event time far ahead of "
+                "the others (see kvcast_events_rejected_total{reason=\"future\"}) or a store that "
+                "lost its data does this",
+                newest_s, self.settings.stats.window_max_age_s, previous["version"],
+            )  # fmt: skip
 
     def _stored_table_version(self) -> int:
         stored = self.store.read_table()

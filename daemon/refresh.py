@@ -62,6 +62,12 @@ def compute_refresh(state: WindowState, settings: DaemonSettings, table_version:
     return Refresh(forecast, table_document(snapshot, config, table_version), snapshot)
 
 
+def emptied(previous: dict[str, Any] | None, table: dict[str, Any]) -> bool:
+    """Whether ``table`` would replace a table with states by one without any: the window
+    emptied (event time jumped past every bucket, or the store lost its data)."""
+    return previous is not None and bool(previous["states"]) and not table["states"]
+
+
 def should_publish(
     previous: dict[str, Any] | None,
     table: dict[str, Any],
@@ -70,11 +76,13 @@ def should_publish(
 ) -> bool:
     """Publish when the content changed, at most every ``table_interval_s`` seconds.
 
-    Nothing observed yet and nothing published before: engines use the defaults anyway.
+    Nothing observed yet and nothing published before: engines use the defaults anyway. A
+    table with states is never replaced by an empty one (engines keep the last good one).
     """
     warming_up = previous is None and not table["states"] and table["version"] == 0
     return (
         not warming_up
+        and not emptied(previous, table)
         and table_content_changed(previous, table)
         and (previous is None or since_published_s >= table_interval_s)
     )
