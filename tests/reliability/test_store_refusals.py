@@ -103,6 +103,13 @@ class Running:
         self.thread.join(timeout=15)
         assert not self.thread.is_alive() and not self.errors and self.code == [0]
 
+    def finish_and_compare(self, lines: list[bytes]) -> None:
+        """Once everything is committed: the stored statistics equal the reference's."""
+        self.wait_done()
+        differences = self.differences(lines)
+        TALLY.add(faults=1, events_compared=len(lines), differences=differences)
+        assert differences == 0
+
     def differences(self, lines: list[bytes]) -> int:
         """States, moments and counters that differ from one uninterrupted offline run."""
         pipeline = Pipeline(STATS)
@@ -143,10 +150,7 @@ def test_a_full_redis_backs_the_daemon_off_until_it_takes_writes_again(
         time.sleep(1.0)  # refused for a while: still alive, still backing off
         assert running.thread.is_alive()
         client.config_set("maxmemory", 0)
-        running.wait_done()
-        differences = running.differences(lines)
-        TALLY.add(faults=1, events_compared=len(lines), differences=differences)
-        assert differences == 0
+        running.finish_and_compare(lines)
         _no_arguments_logged(caplog, lines)
     finally:
         server.stop()
@@ -172,10 +176,7 @@ def test_a_replica_refuses_writes_until_it_is_promoted(
         running = Running(replica.url, lines)
         running.wait_refused("ReadOnlyError")
         replica.client().replicaof("NO", "ONE")
-        running.wait_done()
-        differences = running.differences(lines)
-        TALLY.add(faults=1, events_compared=len(lines), differences=differences)
-        assert differences == 0
+        running.finish_and_compare(lines)
         _no_arguments_logged(caplog, lines)
     finally:
         replica.stop()
@@ -205,10 +206,7 @@ def test_an_absent_store_is_retried_with_backoff_and_the_log_says_when(
         assert all(0.1 <= w <= 1.0 for w in waits)
         assert running.store_state().startswith("unavailable: redis:")
         server.start()
-        running.wait_done()
-        differences = running.differences(lines)
-        TALLY.add(faults=1, events_compared=len(lines), differences=differences)
-        assert differences == 0
+        running.finish_and_compare(lines)
     finally:
         if running.thread.is_alive():
             running.daemon.request_stop()
