@@ -9,6 +9,7 @@ in accelerated event time through the full pipeline, the in-memory store, HTTP o
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
 import signal
 import sys
@@ -176,14 +177,30 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: Path | None)
             aliases[option.name] = option.name
             for flag in option.opts:
                 aliases[flag.lstrip("-").replace("-", "_")] = option.name
+    options = {option.name: option for option in ctx.command.params}
     defaults: dict[str, Any] = {}
     for key, setting in data.items():
         name = aliases.get(key.replace("-", "_"))
         if name is None:
-            raise click.BadParameter(f"{value}: unknown setting {key!r}", ctx, param)
+            close = difflib.get_close_matches(key.replace("_", "-"), _flag_names(aliases), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise click.BadParameter(f"{value}: unknown setting {key!r}{hint}", ctx, param)
+        option = options[name]
+        try:  # the flag's own validation, so the message names the file and the key
+            values = setting if option.multiple and isinstance(setting, list) else [setting]
+            for item in values:
+                option.type.convert(item, option, ctx)
+        except click.BadParameter as exc:
+            where = f"{value}: {key} = {setting!r} ({option.opts[0]})"
+            raise click.BadParameter(f"{where}: {exc.message}", ctx, param) from None
         defaults[name] = setting
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
     return value
+
+
+def _flag_names(aliases: dict[str, str]) -> list[str]:
+    """The config keys as flag names (``capacity-blocks``), for suggestions."""
+    return sorted({alias.replace("_", "-") for alias in aliases})
 
 
 def _run_options(command: Any) -> Any:

@@ -108,7 +108,7 @@ def _tty_progress(done: int, total: int) -> None:
 )
 @click.option(
     "--capacity-blocks",
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=1),
     required=True,
     help="Cache capacity N, KV blocks.",
 )

@@ -62,6 +62,9 @@ def test_store_password_is_redacted() -> None:
     ("content", "message"),
     [
         ("capacity_blocks = 5000\nbogus = 1\n", "unknown setting 'bogus'"),
+        ("capacity-block = 5000\n", "did you mean 'capacity-blocks'?"),
+        ("capacity_blocks = 0\n", "kvcast.toml: capacity_blocks = 0 (--capacity-blocks): 0 is not"),
+        ("target-hit-ratio = [0.5, 2.0]\n", "kvcast.toml: target-hit-ratio = [0.5, 2.0]"),
         ("capacity_blocks = [", "kvcast.toml"),
         ('capacity_blocks = "many"\n', "capacity-blocks"),
         ("capacity_blocks = 0\n", "capacity-blocks"),

@@ -116,6 +116,8 @@ def test_simulate_text_output_and_errors(runner: CliRunner, tmp_path: Path) -> N
     )
     res = runner.invoke(cli, ["simulate", str(path), "--capacity-blocks", "10"])
     assert res.exit_code == 0 and res.stdout.startswith("hit_ratio 0.0000")
+    res = runner.invoke(cli, ["simulate", str(path), "--capacity-blocks", "0"])
+    assert res.exit_code == 2 and "--capacity-blocks" in res.stderr  # no cache: no simulation
     res = runner.invoke(
         cli, ["simulate", str(path), "--capacity-blocks", "10", "--granularity", "block"]
     )
