@@ -11,6 +11,7 @@ environment, which wins over a config file (``run --config``), which wins over t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,7 +25,69 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _DEFAULTS = StatsConfig()
 
-BLOCK_SIZE = click.IntRange(min=1)
+
+class _Uniform:
+    """One message for a bad number, whichever layer gave it (flag, environment, config file):
+    ``must be an integer >= 1, got -100 (from KVCAST_X)``."""
+
+    min: float | None
+    max: float | None
+    min_open: bool
+    max_open: bool
+    kind = "a number"
+    finite = False
+
+    def describe(self) -> str:
+        low = None if self.min is None else f"{'>' if self.min_open else '>='} {self.min:g}"
+        high = None if self.max is None else f"{'<' if self.max_open else '<='} {self.max:g}"
+        bounds = " and ".join(b for b in (low, high) if b)
+        finite = "a finite " + self.kind.split(" ", 1)[1] if self.finite else self.kind
+        return f"{finite} {bounds}".strip()
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            converted = super().convert(value, param, ctx)  # type: ignore[misc]
+        except click.BadParameter:
+            converted = None
+        if converted is None or (self.finite and not math.isfinite(converted)):
+            got = value if not isinstance(value, str) else value.strip()
+            message = f"must be {self.describe()}, got {got!r}{_layer(ctx, param)}"
+            raise click.BadParameter(message, ctx, param) from None
+        return converted
+
+
+class Ints(_Uniform, click.IntRange):
+    """An integer within bounds (``click.IntRange``'s), with the uniform message."""
+
+    kind = "an integer"
+
+
+class Floats(_Uniform, click.FloatRange):
+    """A number within bounds; ``finite`` also refuses inf (NaN is never in range)."""
+
+    def __init__(self, *args: Any, finite: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.finite = finite
+
+
+def _layer(ctx: click.Context | None, param: click.Parameter | None) -> str:
+    """`` (from KVCAST_X)`` or `` (from the --config file)`` when the value came from there."""
+    if ctx is None or param is None or param.name is None:
+        return ""
+    source = ctx.get_parameter_source(param.name)
+    if source is click.core.ParameterSource.ENVIRONMENT:
+        name = (
+            param.envvar
+            if isinstance(param, click.Option) and isinstance(param.envvar, str)
+            else None
+        )
+        return f" (from {name})" if name else " (from the environment)"
+    if source is click.core.ParameterSource.DEFAULT_MAP:
+        return " (from the --config file)"
+    return ""
+
+
+BLOCK_SIZE = Ints(min=1)
 BLOCK_SIZE_HELP = "Tokens per KV block."
 
 # (flag, StatsConfig field, click type, help)
@@ -33,44 +96,44 @@ _STATS_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
     (
         "--completion-timeout",
         "completion_timeout_s",
-        click.FloatRange(min=0, min_open=True),
+        Floats(min=0, min_open=True),
         "Seconds of event time after a conversation's last turn before it counts as completed.",
     ),
     (
         "--allowed-lateness",
         "allowed_lateness_s",
-        click.FloatRange(min=0),
+        Floats(min=0),
         "Seconds an event may arrive behind the newest event time and still count.",
     ),
-    ("--max-turn", "max_turn", click.IntRange(min=1), "Turns above this share its state."),
+    ("--max-turn", "max_turn", Ints(min=1), "Turns above this share its state."),
     (
         "--window-conversations",
         "window_conversations",
-        click.IntRange(min=1),
+        Ints(min=1),
         "Completed conversations the statistics window holds at least.",
     ),
     (
         "--window-max-age",
         "window_max_age_s",
-        click.FloatRange(min=0, min_open=True),
+        Floats(min=0, min_open=True),
         "Oldest completed conversation (seconds of event time) the window may hold.",
     ),
     (
         "--rate-window",
         "rate_window_s",
-        click.IntRange(min=1),
+        Ints(min=1),
         "Seconds of event time over which the conversation arrival rate is measured.",
     ),
     (
         "--max-open-conversations",
         "max_open_conversations",
-        click.IntRange(min=1),
+        Ints(min=1),
         "Open conversations kept per partition; events that would open more are shed (counted).",
     ),
     (
         "--min-delay-samples",
         "min_delay_samples",
-        click.IntRange(min=1),
+        Ints(min=1),
         "Delays a state needs before its own median reuse delay replaces the default.",
     ),
 )
@@ -110,7 +173,7 @@ def capacity_options(command: F) -> F:
     """Flags describing the cache being forecast: capacity, block size handled by stats."""
     command = click.option(
         "--kv-bytes-per-token",
-        type=click.IntRange(min=1),
+        type=Ints(min=1),
         default=None,
         envvar="KVCAST_KV_BYTES_PER_TOKEN",
         show_envvar=True,
@@ -118,7 +181,7 @@ def capacity_options(command: F) -> F:
     )(command)
     command = click.option(
         "--instances",
-        type=click.IntRange(min=1),
+        type=Ints(min=1),
         default=1,
         show_default=True,
         envvar="KVCAST_INSTANCES",
@@ -127,7 +190,7 @@ def capacity_options(command: F) -> F:
     )(command)
     command = click.option(
         "--capacity-blocks",
-        type=click.IntRange(min=1),
+        type=Ints(min=1),
         default=2275,
         show_default=True,
         envvar="KVCAST_CAPACITY_BLOCKS",

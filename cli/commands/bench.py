@@ -9,6 +9,7 @@ from typing import Any
 import click
 import orjson
 
+from kvcast.cli.options import Ints
 from kvcast.daemon.gc_tuning import tune_for_streaming
 from kvcast.lab.bench.client_bench import run_client_bench
 from kvcast.lab.bench.machine import describe_machine, machine_line
@@ -37,7 +38,7 @@ def _markdown(rows: list[tuple[str, str, str, str]]) -> str:
 )
 @click.option(
     "--conversations",
-    type=click.IntRange(min=100),
+    type=Ints(min=100),
     default=20_000,
     show_default=True,
     help="Conversations in the throughput workload.",

@@ -15,23 +15,14 @@ import click
 import orjson
 
 from kvcast.cli.delays import parse_delay_spec
-from kvcast.cli.options import block_size_option, pop_label_map, taxonomy_options
+from kvcast.cli.options import Floats, Ints, block_size_option, pop_label_map, taxonomy_options
 from kvcast.cli.replaying import replay_engine
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.delays import DelayDistribution
 from kvcast.stats.forecast import Forecast, forecast_from_moments, forecast_from_sample
 
-
-def _nonneg(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
-    if value is not None and not (math.isfinite(value) and value >= 0):
-        raise click.BadParameter(f"must be a finite number >= 0, got {value}", ctx, param)
-    return value
-
-
-def _positive(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise click.BadParameter(f"must be a finite number > 0, got {value}", ctx, param)
-    return value
+NON_NEGATIVE = Floats(min=0, finite=True)
+POSITIVE = Floats(min=0, min_open=True, finite=True)
 
 
 def _delay(
@@ -144,45 +135,38 @@ _MOMENT_FLAGS = (
 @click.option(
     "--lambda",
     "lambda0",
-    type=float,
-    callback=_nonneg,
+    type=NON_NEGATIVE,
     help="Conversation arrival rate lambda0 over all instances (conversations/s).",
 )
 @click.option(
     "--A-R",
     "--a-r",
     "a_r",
-    type=float,
-    callback=_positive,
+    type=POSITIVE,
     help="Mean sum_j R_j per conversation (blocks).",
 )
 @click.option(
     "--A-H-hash",
     "--a-h-hash",
     "a_h_hash",
-    type=float,
-    callback=_nonneg,
+    type=NON_NEGATIVE,
     help="Mean sum_{j<M} max(R_j - 1, 0) per conversation (blocks).",
 )
 @click.option(
     "--E-B",
     "--e-b",
     "e_b",
-    type=float,
-    callback=_nonneg,
+    type=NON_NEGATIVE,
     help="Mean final-turn block count R_M (blocks).",
 )
 @click.option(
     "--A-H",
     "--a-h",
     "a_h",
-    type=float,
-    callback=_nonneg,
+    type=NON_NEGATIVE,
     help="Mean sum_{j<M} R_j (blocks); needed for --displacement whole.",
 )
-@click.option(
-    "--E-M", "--e-m", "e_m", type=float, callback=_nonneg, help="Mean turns (reported only)."
-)
+@click.option("--E-M", "--e-m", "e_m", type=NON_NEGATIVE, help="Mean turns (reported only).")
 @click.option(
     "--delay",
     callback=_delay,
@@ -196,13 +180,11 @@ _MOMENT_FLAGS = (
     show_default=True,
     help="What a revisit moves to MRU: hashable blocks or all.",
 )
-@click.option(
-    "--capacity-blocks", type=float, callback=_positive, help="HBM capacity per instance (blocks)."
-)
+@click.option("--capacity-blocks", type=POSITIVE, help="HBM capacity per instance (blocks).")
 @block_size_option
 @click.option(
     "--instances",
-    type=click.IntRange(min=1),
+    type=Ints(min=1),
     default=1,
     show_default=True,
     help="Instances behind session-affine routing (each sees lambda0 / instances).",
@@ -221,8 +203,7 @@ _MOMENT_FLAGS = (
 )
 @click.option(
     "--kv-bytes-per-token",
-    type=float,
-    callback=_positive,
+    type=POSITIVE,
     help="KV cache bytes per token, to give the needed capacity in bytes.",
 )
 @click.option(

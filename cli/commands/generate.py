@@ -9,7 +9,7 @@ from typing import Any, BinaryIO
 import click
 import orjson
 
-from kvcast.cli.options import block_size_option
+from kvcast.cli.options import Floats, Ints, block_size_option
 from kvcast.lab.workload.generator import generate, ground_truth
 from kvcast.lab.workload.presets import PRESETS, preset
 
@@ -39,7 +39,7 @@ def _write(lines: Any, out: BinaryIO) -> None:
 @click.option(
     "--lambda",
     "lambda0",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Floats(min=0, min_open=True),
     default=1.0,
     show_default=True,
     help="Conversation arrival rate, per second.",
@@ -47,12 +47,12 @@ def _write(lines: Any, out: BinaryIO) -> None:
 @click.option(
     "--duration",
     "duration_s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Floats(min=0, min_open=True),
     help="Arrival window in seconds (default 3600 unless --conversations is given).",
 )
 @click.option(
     "--conversations",
-    type=click.IntRange(min=1),
+    type=Ints(min=1),
     help="Number of conversations instead of a duration.",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -65,7 +65,7 @@ def _write(lines: Any, out: BinaryIO) -> None:
 )
 @click.option(
     "--cached-capacity-blocks",
-    type=click.IntRange(min=0),
+    type=Ints(min=0),
     help="Add cached_tokens from whole-content LRU (Algorithm 1) at this capacity.",
 )
 @click.option(

@@ -12,7 +12,7 @@ from typing import Any
 import click
 import orjson
 
-from kvcast.cli.options import block_size_option
+from kvcast.cli.options import Floats, Ints, block_size_option
 from kvcast.lab.sim.measurement import check_fractions
 from kvcast.lab.sim.registry import PolicyUnavailable, get_policy, simulate
 from kvcast.lab.sim.trace import SimTrace
@@ -108,7 +108,7 @@ def _tty_progress(done: int, total: int) -> None:
 )
 @click.option(
     "--capacity-blocks",
-    type=click.IntRange(min=1),
+    type=Ints(min=1),
     required=True,
     help="Cache capacity N, KV blocks.",
 )
@@ -136,7 +136,7 @@ def _tty_progress(done: int, total: int) -> None:
 @block_size_option
 @click.option(
     "--learn-fraction",
-    type=click.FloatRange(0, 1),
+    type=Floats(0, 1),
     default=0.2,
     show_default=True,
     help="iac: learn the table from conversations starting in this first fraction.",
@@ -149,14 +149,14 @@ def _tty_progress(done: int, total: int) -> None:
 )
 @click.option(
     "--refresh-s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Floats(min=0, min_open=True),
     default=600.0,
     show_default=True,
     help="iac-rolling: re-learn the table every this many seconds of event time.",
 )
 @click.option(
     "--threshold-s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Floats(min=0, min_open=True),
     default=600.0,
     show_default=True,
     help="tbs: next-reuse threshold, seconds.",

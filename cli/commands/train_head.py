@@ -8,7 +8,7 @@ import sys
 import click
 import orjson
 
-from kvcast.cli.options import TAXONOMY_CHOICE, backbone_options
+from kvcast.cli.options import TAXONOMY_CHOICE, Ints, backbone_options
 
 
 def _table(title: str, report: dict) -> str:
@@ -32,7 +32,7 @@ def _table(title: str, report: dict) -> str:
     "--taxonomy", type=TAXONOMY_CHOICE, default="30", show_default=True, help="Categories."
 )
 @backbone_options
-@click.option("--epochs", type=click.IntRange(min=1), default=25, show_default=True)
+@click.option("--epochs", type=Ints(min=1), default=25, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Split and training seed.")
 @click.option(
     "--no-examples",

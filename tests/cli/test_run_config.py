@@ -63,7 +63,10 @@ def test_store_password_is_redacted() -> None:
     [
         ("capacity_blocks = 5000\nbogus = 1\n", "unknown setting 'bogus'"),
         ("capacity-block = 5000\n", "did you mean 'capacity-blocks'?"),
-        ("capacity_blocks = 0\n", "kvcast.toml: capacity_blocks = 0 (--capacity-blocks): 0 is not"),
+        (
+            "capacity_blocks = 0\n",
+            "kvcast.toml: capacity_blocks = 0 (--capacity-blocks): must be an",
+        ),
         ("target-hit-ratio = [0.5, 2.0]\n", "kvcast.toml: target-hit-ratio = [0.5, 2.0]"),
         ("capacity_blocks = [", "kvcast.toml"),
         ('capacity_blocks = "many"\n', "capacity-blocks"),
@@ -95,3 +98,25 @@ def test_bad_flags_are_named(args: list[str], message: str) -> None:
     result = CliRunner().invoke(cli, ["run", *args, "--print-config"])
     assert result.exit_code == 2
     assert message in result.output
+
+
+def test_a_bad_value_reads_the_same_from_every_layer_and_names_the_layer(tmp_path: Path) -> None:
+    """The same rule and the same words for a flag, an environment variable and the config
+    file; the environment and the file are named, the flag names itself."""
+    config = tmp_path / "kvcast.toml"
+    config.write_text("block-size = -100\n")
+    runner = CliRunner()
+    flag = runner.invoke(cli, ["run", "--block-size", "-100", "--print-config"])
+    env = runner.invoke(cli, ["run", "--print-config"], env={"KVCAST_BLOCK_SIZE": "-100"})
+    from_file = runner.invoke(cli, ["run", "--config", str(config), "--print-config"])
+    rule = "must be an integer >= 1, got"
+    for result in (flag, env, from_file):
+        assert result.exit_code == 2 and rule in result.output
+    assert "'--block-size'" in flag.output
+    assert "(from KVCAST_BLOCK_SIZE)" in env.output
+    assert f"{config}: block-size = -100 (--block-size)" in from_file.output
+    for other in (["replay", str(config), "--block-size", "0"],
+                  ["simulate", str(config), "--capacity-blocks", "0"],
+                  ["forecast", "--lambda", "-5", "--capacity-blocks", "1"]):  # fmt: skip
+        result = runner.invoke(cli, other)
+        assert result.exit_code == 2 and "must be a" in result.output, result.output
