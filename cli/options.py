@@ -28,7 +28,7 @@ _DEFAULTS = StatsConfig()
 
 class _Uniform:
     """One message for a bad number, whichever layer gave it (flag, environment, config file):
-    ``must be an integer >= 1, got -100 (from KVCAST_X)``."""
+    ``must be an integer >= 1 (x>=1), got -100 (from KVCAST_X)``."""
 
     min: float | None
     max: float | None
@@ -38,11 +38,12 @@ class _Uniform:
     finite = False
 
     def describe(self) -> str:
+        """``an integer >= 1 (x>=1)``: in words, then in click's notation as ``--help`` shows it."""
         low = None if self.min is None else f"{'>' if self.min_open else '>='} {self.min:g}"
         high = None if self.max is None else f"{'<' if self.max_open else '<='} {self.max:g}"
         bounds = " and ".join(b for b in (low, high) if b)
         finite = "a finite " + self.kind.split(" ", 1)[1] if self.finite else self.kind
-        return f"{finite} {bounds}".strip()
+        return f"{finite} {bounds} ({self._describe_range()})"  # type: ignore[attr-defined]
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         try:

@@ -109,7 +109,7 @@ def test_a_bad_value_reads_the_same_from_every_layer_and_names_the_layer(tmp_pat
     flag = runner.invoke(cli, ["run", "--block-size", "-100", "--print-config"])
     env = runner.invoke(cli, ["run", "--print-config"], env={"KVCAST_BLOCK_SIZE": "-100"})
     from_file = runner.invoke(cli, ["run", "--config", str(config), "--print-config"])
-    rule = "must be an integer >= 1, got"
+    rule = "must be an integer >= 1 (x>=1), got"
     for result in (flag, env, from_file):
         assert result.exit_code == 2 and rule in result.output
     assert "'--block-size'" in flag.output
