@@ -23,6 +23,7 @@ from kvcast.lab.bench.soak import (
     workload,
 )
 from tests.reliability.tally import TALLY
+from tests.services import missing
 from tests.support import produce, readiness
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -49,7 +50,7 @@ def test_a_quiet_partition_is_rebuilt_after_redis_lost_its_data(
     daemon reloads both (partition 1 through the epoch), re-reads them from the broker, and
     publishes exactly the statistics of the whole log."""
     if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
+        missing("redis-server binary", "PATH", "not installed")
     directory = tmp_path / "redis"
     directory.mkdir()
     redis = OwnRedis(directory, extra=["--appendonly", "no"])  # a cache-style Redis

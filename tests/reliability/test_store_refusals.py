@@ -31,6 +31,7 @@ from kvcast.stats.config import StatsConfig
 from kvcast.stats.replay import Pipeline
 from kvcast.stats.snapshot import take_snapshot
 from tests.reliability.tally import TALLY
+from tests.services import missing
 
 pytestmark = pytest.mark.integration
 
@@ -58,7 +59,7 @@ def lines() -> list[bytes]:
 @pytest.fixture
 def redis_dir(tmp_path: Path) -> Path:
     if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
+        missing("redis-server binary", "PATH", "not installed")
     directory = tmp_path / "redis"
     directory.mkdir()
     return directory
