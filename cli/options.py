@@ -106,6 +106,13 @@ _STATS_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
         Floats(min=0),
         "Seconds an event may arrive behind the newest event time and still count.",
     ),
+    (
+        "--max-future-skew",
+        "max_future_skew_s",
+        Floats(min=0, min_open=True),
+        "Seconds an event's time may be ahead of the later of its partition's newest event time"
+        " and the clock; further ahead it is rejected as future.",
+    ),
     ("--max-turn", "max_turn", Ints(min=1), "Turns above this share its state."),
     (
         "--window-conversations",

@@ -208,6 +208,9 @@ class Daemon:
             items.append((engine, record.offset, record.value))
         self.events_seen += len(items)
         if items:
+            now_s = time.time()  # the ``future`` bound counts from the clock of this poll
+            for engine in engines.values():
+                engine.tracker.advance_clock(now_s)
             ingest(items, self.labeller)
 
     # -- commits -----------------------------------------------------------------------------

@@ -13,6 +13,8 @@ class StatsConfig:
     - ``completion_timeout_s``: a conversation completes when the watermark passes its last
       turn's timestamp plus this.
     - ``allowed_lateness_s``: watermark = newest event time minus this; older events are late.
+    - ``max_future_skew_s``: an event more than this ahead of the later of its partition's
+      newest event time and the wall clock is ``future`` (rejected).
     - ``max_turn``: turns above it share the state ``max_turn``.
     - ``window_conversations`` / ``window_max_age_s``: the window holds the newest completed
       conversations, at least this many, but none older than ``window_max_age_s``.
@@ -26,6 +28,7 @@ class StatsConfig:
     block_size: int = 16
     completion_timeout_s: float = 1800.0
     allowed_lateness_s: float = 60.0
+    max_future_skew_s: float = 3600.0
     max_turn: int = 32
     window_conversations: int = 10_000
     window_max_age_s: float = 86_400.0
@@ -44,6 +47,8 @@ class StatsConfig:
             problems.append(f"completion_timeout_s must be > 0, got {self.completion_timeout_s}")
         if not self.allowed_lateness_s >= 0:
             problems.append(f"allowed_lateness_s must be >= 0, got {self.allowed_lateness_s}")
+        if not self.max_future_skew_s > 0:
+            problems.append(f"max_future_skew_s must be > 0, got {self.max_future_skew_s}")
         if self.max_turn < 1:
             problems.append(f"max_turn must be >= 1, got {self.max_turn}")
         if self.window_conversations < 1:

@@ -4,6 +4,11 @@ Ordering rules (they make the result independent of arrival order within the lat
 
 - The watermark is the newest accepted event time minus ``allowed_lateness_s``. An event older
   than the watermark is ``too_late`` and changes nothing.
+- An event more than ``max_future_skew_s`` ahead of the later of the newest accepted event time
+  and the clock (wall-clock seconds, given by the caller) is ``future`` and changes nothing: a
+  timestamp in milliseconds, or a producer whose clock runs hours ahead, must not move the
+  watermark past every open conversation. The clock counts so that a quiet spell longer than
+  the skew is not mistaken for a jump: after it, event time and the clock have moved together.
 - A ``request_id`` seen before (and not yet below the watermark) is a ``duplicate``.
 - A conversation completes once the watermark passes ``last_ts + completion_timeout_s``.
   An event of a session whose open conversation has been idle longer than the timeout
@@ -21,13 +26,14 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.events import Event
 
-Outcome = Literal["accepted", "duplicate", "too_late", "open_limit"]
+Outcome = Literal["accepted", "duplicate", "too_late", "future", "open_limit"]
 
 _floor = math.floor
 # tuple.__new__ builds a NamedTuple without the Python-level __new__ (half the cost).
@@ -117,7 +123,10 @@ class _SecondBuckets:
 class ConversationTracker:
     """Groups accepted events into conversations and hands out the completed ones."""
 
-    def __init__(self, config: StatsConfig, *, track_changes: bool = False) -> None:
+    def __init__(
+        self, config: StatsConfig, *, track_changes: bool = False, clock_s: float | None = None
+    ) -> None:
+        """``clock_s``: wall-clock time (s) for the ``future`` bound; default: now."""
         self._config = config
         self._open: dict[str, Conversation] = {}
         self._deadlines = _SecondBuckets()
@@ -130,6 +139,9 @@ class ConversationTracker:
         self._timeout = config.completion_timeout_s
         self._block_size = config.block_size
         self._max_open = config.max_open_conversations
+        self._skew = config.max_future_skew_s
+        self._clock = time.time() if clock_s is None else clock_s
+        self._future_bound = self._clock + self._skew
 
     @classmethod
     def restore(
@@ -140,10 +152,12 @@ class ConversationTracker:
         seen_ids: dict[str, float],
         *,
         track_changes: bool = True,
+        clock_s: float | None = None,
     ) -> ConversationTracker:
         """Rebuild a tracker from a checkpoint (its open conversations and remembered ids)."""
-        tracker = cls(config, track_changes=track_changes)
+        tracker = cls(config, track_changes=track_changes, clock_s=clock_s)
         tracker._newest_ts = newest_ts
+        tracker._future_bound = max(newest_ts, tracker._clock) + tracker._skew
         timeout = config.completion_timeout_s
         for conversation in conversations:
             tracker._open[conversation.session_id] = conversation
@@ -173,6 +187,17 @@ class ConversationTracker:
         return self._newest_ts
 
     @property
+    def future_bound(self) -> float:
+        """Event time (s) above which an event is ``future``."""
+        return self._future_bound
+
+    def advance_clock(self, clock_s: float) -> None:
+        """Move the wall clock (s) the ``future`` bound counts from; it never goes back."""
+        if clock_s > self._clock:
+            self._clock = clock_s
+            self._future_bound = max(self._newest_ts, clock_s) + self._skew
+
+    @property
     def open_conversations(self) -> int:
         return len(self._open)
 
@@ -183,6 +208,8 @@ class ConversationTracker:
         session_id = event.session_id
         if timestamp < self._newest_ts - self._lateness:
             return "too_late", []
+        if timestamp > self._future_bound:
+            return "future", []
         seen_ids = self._seen_ids
         if request_id in seen_ids:
             return "duplicate", []
@@ -222,6 +249,9 @@ class ConversationTracker:
 
         if timestamp > self._newest_ts:
             self._newest_ts = timestamp
+            # max(newest, clock) + skew: the clock's part is already in the bound.
+            if timestamp + self._skew > self._future_bound:
+                self._future_bound = timestamp + self._skew
             watermark = timestamp - self._lateness
             if self._id_expiry.next_due <= watermark or self._deadlines.next_due <= watermark:
                 completed.extend(self._complete_due(watermark))

@@ -41,9 +41,10 @@ class EventCounters:
 class StatsEngine:
     """Tracks conversations and keeps the rolling statistics of one instance."""
 
-    def __init__(self, config: StatsConfig) -> None:
+    def __init__(self, config: StatsConfig, *, clock_s: float | None = None) -> None:
+        """``clock_s``: wall-clock time (s) the ``future`` bound counts from; default now."""
         self.config = config
-        self.tracker = ConversationTracker(config)
+        self.tracker = ConversationTracker(config, clock_s=clock_s)
         self.window = StatsWindow(config)
         self.arrivals = ArrivalStats(config.rate_window_s)
         self.counters = EventCounters()

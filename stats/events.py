@@ -41,6 +41,7 @@ REJECT_REASONS: tuple[str, ...] = (
     "non_finite",
     "cached_exceeds_input",
     "too_late",
+    "future",
     "open_limit",
 )
 

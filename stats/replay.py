@@ -9,6 +9,7 @@ engine, which applies the same rules in C and is tested equal to this.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,8 +35,15 @@ class Pipeline:
     number of payloads offered before it.
     """
 
-    def __init__(self, config: StatsConfig, labeller: IntentLabeller | None = None) -> None:
-        self.engine = StatsEngine(config)
+    def __init__(
+        self,
+        config: StatsConfig,
+        labeller: IntentLabeller | None = None,
+        *,
+        clock_s: float | None = None,
+    ) -> None:
+        """``clock_s``: wall-clock time (s) the ``future`` bound counts from; default now."""
+        self.engine = StatsEngine(config, clock_s=clock_s)
         self.labeller = labeller or IntentLabeller()
         self.last_rejection: EventRejected | None = None
         self.offered = 0
@@ -64,16 +72,19 @@ def offline_statistics(
     records: Iterable[tuple[Hashable, int, bytes]],
     config: StatsConfig,
     label_map: Mapping[str, str] | None = None,
+    clock_s: float | None = None,
 ) -> tuple[Snapshot, Counter[str]]:
     """What the daemon publishes for ``records`` (partition, offset, payload), in one process.
 
     One pipeline per partition fed in offset order (a partition is the unit of ordering), the
     partitions' statistics merged, the snapshot taken at the newest event time; with the
     rejections by reason. The reference the daemon's tests and the soak compare against.
+    ``clock_s``: wall-clock time (s) the ``future`` bound counts from; default now.
     """
     labels = dict(label_map) if label_map is not None else taxonomy_label_map()
+    clock = time.time() if clock_s is None else clock_s
     pipelines: dict[Hashable, Pipeline] = defaultdict(
-        lambda: Pipeline(config, IntentLabeller(label_map=labels))
+        lambda: Pipeline(config, IntentLabeller(label_map=labels), clock_s=clock)
     )
     for partition, _, payload in sorted(records, key=lambda r: (str(r[0]), r[1])):
         pipelines[partition].offer(payload)
@@ -106,6 +117,7 @@ def replay_lines(
     engine: ReplayEngineName = "auto",
     on_batch: Callable[[ReplayProgress], None] | None = None,
     label_map: Mapping[str, str] | None = None,
+    clock_s: float | None = None,
 ) -> StatsEngine:
     """Every line through the statistics, then the end of input (all conversations complete).
 
@@ -115,14 +127,17 @@ def replay_lines(
     not built), ``python`` (the daemon's engine, per event) or ``auto`` (native when built).
     ``on_batch`` hears the progress after each batch. ``label_map``: the taxonomy's producer
     label -> state label (default: the 30 categories, :func:`~kvcast.stats.taxonomy.label_map`).
+    ``clock_s``: wall-clock time (s) the ``future`` bound counts from (default: now, once, so
+    that both engines and a retry judge every line against the same clock).
     """
     labels = dict(label_map) if label_map is not None else taxonomy_label_map()
+    clock = time.time() if clock_s is None else clock_s
     if engine == "native" or (engine == "auto" and native_available()):
         try:
-            return _replay_native(open_batches, config, on_batch, labels)
+            return _replay_native(open_batches, config, on_batch, labels, clock)
         except ReplayUnsupported as exc:  # e.g. a timestamp of 2**52 s or more
             log.warning("native replay engine: %s; replaying with the Python engine", exc)
-    return _replay_python(open_batches, config, on_batch, labels)
+    return _replay_python(open_batches, config, on_batch, labels, clock)
 
 
 def _replay_native(
@@ -130,8 +145,9 @@ def _replay_native(
     config: StatsConfig,
     on_batch: Callable[[ReplayProgress], None] | None,
     label_map: dict[str, str],
+    clock_s: float,
 ) -> StatsEngine:
-    replay = NativeReplay(config, label_map=label_map)
+    replay = NativeReplay(config, label_map=label_map, clock_s=clock_s)
     offered = 0
     for batch in open_batches():
         offered += replay.offer_lines(batch)
@@ -146,8 +162,9 @@ def _replay_python(
     config: StatsConfig,
     on_batch: Callable[[ReplayProgress], None] | None,
     label_map: dict[str, str],
+    clock_s: float,
 ) -> StatsEngine:
-    pipeline = Pipeline(config, IntentLabeller(label_map=label_map))
+    pipeline = Pipeline(config, IntentLabeller(label_map=label_map), clock_s=clock_s)
     counters = pipeline.engine.counters
     offered = 0
     for batch in open_batches():

@@ -758,6 +758,7 @@ typedef struct {
     /* configuration */
     int64_t block_size;
     double timeout, lateness;
+    double skew, future_bound; /* max_future_skew_s; max(newest_ts, clock_s) + skew */
     int64_t max_turn;
     int64_t window_conversations;
     double max_age, bucket_s;
@@ -771,7 +772,7 @@ typedef struct {
     Py_ssize_t max_event_bytes; /* parse_event sends larger payloads to its reference path */
     PyObject *unsupported; /* the ReplayUnsupported class */
     uint64_t seed;         /* of bytes_hash */
-    PyObject *s_reason, *s_too_late, *s_open_limit;
+    PyObject *s_reason, *s_too_late, *s_future, *s_open_limit;
     FieldTable ev_fields;  /* of event_type (what parse returns) */
     FieldTable raw_fields; /* of decode_type (what decode returns) */
     PyObject *last_rejection;
@@ -817,7 +818,7 @@ typedef struct {
     PyObject **reason_objs;
     int64_t *reason_counts;
     Py_ssize_t nreasons, capreason_objs, capreason_counts;
-    int64_t too_late_pos, open_limit_pos;
+    int64_t too_late_pos, future_pos, open_limit_pos;
     int64_t completions_since_expiry;
 } Core;
 
@@ -1741,6 +1742,12 @@ apply_fields(Core *self, PyObject *ev, const FieldTable *ft, PyObject *default_r
         }
         return count_reason(self, self->s_too_late, &self->too_late_pos);
     }
+    if (ts > self->future_bound) {
+        if (label_commit(self, action, label, label_hash, label_id) < 0) {
+            return -1;
+        }
+        return count_reason(self, self->s_future, &self->future_pos);
+    }
     if (sess_home != NULL && sess_home->val >= 0 && sess_home->key == (uint64_t)sk.hash) {
         __builtin_prefetch(&self->sess[sess_home->val]); /* the likely slot of the session */
     }
@@ -1874,6 +1881,9 @@ apply_fields(Core *self, PyObject *ev, const FieldTable *ft, PyObject *default_r
     }
     if (ts > self->newest_ts) {
         self->newest_ts = ts;
+        if (ts + self->skew > self->future_bound) { /* the clock's part is already in it */
+            self->future_bound = ts + self->skew;
+        }
         if (complete_due(self, ts - self->lateness, &completed) < 0) {
             return -1;
         }
@@ -2359,20 +2369,21 @@ static char *core_kwlist[] = {
     "block_size", "completion_timeout_s", "allowed_lateness_s", "max_turn",
     "window_conversations", "window_max_age_s", "bucket_s", "rate_window_s",
     "max_open_conversations", "label_map", "unknown_label", "parse", "rejected", "event_type",
-    "delay_type", "decode", "decode_type", "max_event_bytes", NULL,
+    "delay_type", "decode", "decode_type", "max_event_bytes", "max_future_skew_s", "clock_s",
+    NULL,
 };
 
 static PyObject *
 core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    PyObject *a[18] = {NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$OOOOOOOOOOOOOOOOOO:ReplayCore", core_kwlist,
-                                     &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6], &a[7],
-                                     &a[8], &a[9], &a[10], &a[11], &a[12], &a[13], &a[14],
-                                     &a[15], &a[16], &a[17])) {
+    PyObject *a[20] = {NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$OOOOOOOOOOOOOOOOOOOO:ReplayCore",
+                                     core_kwlist, &a[0], &a[1], &a[2], &a[3], &a[4], &a[5],
+                                     &a[6], &a[7], &a[8], &a[9], &a[10], &a[11], &a[12], &a[13],
+                                     &a[14], &a[15], &a[16], &a[17], &a[18], &a[19])) {
         return NULL;
     }
-    for (int i = 0; i < 18; i++) {
+    for (int i = 0; i < 20; i++) {
         if (a[i] == NULL) {
             PyErr_Format(PyExc_TypeError, "ReplayCore() missing required keyword argument '%s'",
                          core_kwlist[i]);
@@ -2396,7 +2407,7 @@ core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->sess_free = self->open_head = self->open_tail = -1;
     self->deadlines.cache_slot = self->idexp.cache_slot = -1;
     self->bk_cache_slot = -1;
-    self->too_late_pos = self->open_limit_pos = -1;
+    self->too_late_pos = self->future_pos = self->open_limit_pos = -1;
     self->newest_ts = -INFINITY;
     self->first_start = INFINITY;
     self->newest_start = -INFINITY;
@@ -2410,9 +2421,16 @@ core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         cfg_float(self, a[5], "window_max_age_s", &self->max_age) < 0 ||
         cfg_float(self, a[6], "bucket_s", &bucket_s) < 0 ||
         cfg_int(self, a[7], "rate_window_s", &self->rate_window) < 0 ||
-        cfg_int(self, a[8], "max_open_conversations", &self->max_open) < 0) {
+        cfg_int(self, a[8], "max_open_conversations", &self->max_open) < 0 ||
+        cfg_float(self, a[18], "max_future_skew_s", &self->skew) < 0 ||
+        cfg_float(self, a[19], "clock_s", &self->future_bound) < 0) {
         goto fail;
     }
+    if (!(self->skew > 0.0) || isnan(self->future_bound)) {
+        unsupported(self, "max_future_skew_s must be > 0 and clock_s a number");
+        goto fail;
+    }
+    self->future_bound += self->skew; /* clock_s + skew: nothing seen yet */
     if (!PyDict_CheckExact(a[9])) {
         PyErr_SetString(PyExc_TypeError, "label_map must be a dict");
         goto fail;
@@ -2506,9 +2524,11 @@ core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     self->s_reason = PyUnicode_InternFromString("reason");
     self->s_too_late = PyUnicode_InternFromString("too_late");
+    self->s_future = PyUnicode_InternFromString("future");
     self->s_open_limit = PyUnicode_InternFromString("open_limit");
     self->reason_index = PyDict_New();
-    if (self->s_reason == NULL || self->s_too_late == NULL || self->s_open_limit == NULL ||
+    if (self->s_reason == NULL || self->s_too_late == NULL || self->s_future == NULL ||
+        self->s_open_limit == NULL ||
         self->reason_index == NULL) {
         goto fail;
     }
@@ -2583,7 +2603,7 @@ core_clear(Core *self)
     refs_clear(self, core_refs, Py_ARRAY_LENGTH(core_refs));
     Py_ssize_t n = self->nreasons;
     self->nreasons = 0;
-    self->too_late_pos = self->open_limit_pos = -1;
+    self->too_late_pos = self->future_pos = self->open_limit_pos = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_CLEAR(self->reason_objs[i]);
     }
@@ -2628,6 +2648,7 @@ core_dealloc(Core *self)
     ht_free(&self->sec_map);
     Py_CLEAR(self->s_reason);
     Py_CLEAR(self->s_too_late);
+    Py_CLEAR(self->s_future);
     Py_CLEAR(self->s_open_limit);
     Py_CLEAR(self->unknown_label);
     tp->tp_free((PyObject *)self);

@@ -17,6 +17,7 @@ The extension is optional (a plain install without a C compiler skips it): calle
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from types import ModuleType
@@ -81,9 +82,16 @@ def native_available() -> bool:
 class NativeReplay:
     """Raw event lines in, a finished :class:`StatsEngine` out (see the module docstring)."""
 
-    def __init__(self, config: StatsConfig, *, label_map: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        config: StatsConfig,
+        *,
+        label_map: Mapping[str, str] | None = None,
+        clock_s: float | None = None,
+    ) -> None:
         """``label_map``: producer label -> state label, the rest folded into unknown (default:
-        the 30-category taxonomy's, :func:`~kvcast.stats.taxonomy.label_map`)."""
+        the 30-category taxonomy's, :func:`~kvcast.stats.taxonomy.label_map`). ``clock_s``:
+        wall-clock time (s) the ``future`` bound counts from (default: now)."""
         if _NATIVE is None:
             raise RuntimeError(
                 "the native replay engine (kvcast.stats.native._replay) is not built"
@@ -93,6 +101,8 @@ class NativeReplay:
             block_size=config.block_size,
             completion_timeout_s=config.completion_timeout_s,
             allowed_lateness_s=config.allowed_lateness_s,
+            max_future_skew_s=config.max_future_skew_s,
+            clock_s=time.time() if clock_s is None else clock_s,
             max_turn=config.max_turn,
             window_conversations=config.window_conversations,
             window_max_age_s=config.window_max_age_s,

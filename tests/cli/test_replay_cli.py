@@ -159,3 +159,27 @@ def test_asking_for_the_native_engine_where_it_is_not_built_is_a_usage_error(
     result = CliRunner().invoke(cli, ["replay", str(log_file), "--engine", "native"])
     assert result.exit_code == 2
     assert "not built" in result.output and "--engine python" in result.output
+
+
+@pytest.mark.parametrize("engine", ["native", "python"])
+def test_one_line_from_the_far_future_is_future_and_pushes_nothing_out(
+    tmp_path: Path, engine: str
+) -> None:
+    """A line with ``timestamp: 1e300`` used to make every later event ``too_late``."""
+    if engine == "native":
+        require_native()
+    trace = generate(preset("mixed"), lambda0=1.0, conversations=100, seed=8)
+    lines = [line.strip() for line in trace.jsonl_lines()][:400]
+    outlier = orjson.loads(lines[100])
+    outlier.update(session_id="outlier", request_id="outlier", timestamp=1e300)
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"\n".join([*lines[:100], orjson.dumps(outlier), *lines[100:]]) + b"\n")
+    result = CliRunner().invoke(cli, ["replay", str(path), "--json", "--engine", engine])
+    assert result.exit_code == 0, result.output
+    events = orjson.loads(result.stdout)["events"]
+    assert events["rejected_by_reason"] == {"future": 1}
+    assert events["processed"] == 400
+    small = CliRunner().invoke(
+        cli, ["replay", str(path), "--json", "--engine", engine, "--max-future-skew", "0"]
+    )
+    assert small.exit_code == 2 and "--max-future-skew" in small.output

@@ -319,7 +319,7 @@ def make_pipeline_target():
 
     engine_module.EXPIRE_EVERY_COMPLETIONS = FUZZ_EXPIRE_EVERY_COMPLETIONS
     reasons = frozenset(REJECT_REASONS)
-    engine_reasons = frozenset(("too_late", "open_limit"))
+    engine_reasons = frozenset(("too_late", "future", "open_limit"))  # outcomes of valid events
 
     def fuzz_value(fdp, depth: int) -> object:
         kind = fdp.ConsumeIntInRange(0, 13 if depth < 3 else 10)

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcast.stats.config import StatsConfig
+from kvcast.stats.conversations import ConversationTracker
 from kvcast.stats.engine import StatsEngine
 from kvcast.stats.events import parse_event
 from kvcast.stats.snapshot import Snapshot
@@ -304,3 +305,48 @@ def test_open_conversations_are_bounded_and_shedding_is_counted() -> None:
     assert engine.tracker.open_conversations == 10
     assert engine.counters.rejected == {"open_limit": 5}
     assert engine.counters.processed == 11  # the ten first sessions and s3's second turn
+
+
+def turn_one(session: str, timestamp: float) -> dict:
+    return {"session_id": session, "turn": 1, "timestamp": timestamp, "input_tokens": 40,
+            "output_tokens": 4}  # fmt: skip
+
+
+def test_an_event_beyond_the_skew_is_future_and_changes_nothing() -> None:
+    config = replace(CONFIG, max_future_skew_s=600.0)
+    engine = StatsEngine(config, clock_s=0.0)
+    for n, ts in enumerate([10.0, 500.0]):
+        assert engine.apply(parse_event(turn_one(f"s{n}", ts)), "chitchat") == "accepted"
+    before = (engine.tracker.newest_event_time, engine.tracker.open_conversations)
+    assert engine.tracker.future_bound == 1100.0  # newest 500 + skew 600
+    assert engine.apply(parse_event(turn_one("far", 1100.5)), "chitchat") == "future"
+    assert engine.apply(parse_event(turn_one("ms", 500.0 * 1000)), "chitchat") == "future"
+    assert (engine.tracker.newest_event_time, engine.tracker.open_conversations) == before
+    assert engine.counters.rejected == {"future": 2}
+    assert engine.apply(parse_event(turn_one("edge", 1100.0)), "chitchat") == "accepted"
+
+
+def test_a_quiet_spell_longer_than_the_skew_is_not_a_jump_once_the_clock_moved_on() -> None:
+    """The literal rule (ahead of the partition's newest only) would reject the first event
+    after a quiet hour and, the newest never moving, every event after it."""
+    config = replace(CONFIG, max_future_skew_s=600.0)
+    engine = StatsEngine(config, clock_s=1_000.0)
+    assert engine.apply(parse_event(turn_one("before", 1_000.0)), "chitchat") == "accepted"
+    assert engine.apply(parse_event(turn_one("early", 4_600.0)), "chitchat") == "future"
+    engine.tracker.advance_clock(4_600.0)  # an hour of wall clock, no events
+    engine.tracker.advance_clock(10.0)  # the clock never goes back
+    assert engine.tracker.future_bound == 5_200.0
+    assert engine.apply(parse_event(turn_one("after", 4_600.0)), "chitchat") == "accepted"
+    assert engine.apply(parse_event(turn_one("later", 4_700.0)), "chitchat") == "accepted"
+
+
+def test_a_restored_tracker_bounds_from_its_checkpoints_newest_time() -> None:
+    config = replace(CONFIG, max_future_skew_s=600.0)
+    tracker = ConversationTracker.restore(config, 5_000.0, [], {}, clock_s=100.0)
+    assert tracker.future_bound == 5_600.0
+    assert tracker.observe(parse_event(turn_one("x", 5_601.0)), "chitchat")[0] == "future"
+
+
+def test_the_skew_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_future_skew_s must be > 0"):
+        StatsConfig(max_future_skew_s=0.0)

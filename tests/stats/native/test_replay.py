@@ -70,10 +70,17 @@ def _native_built() -> None:
     require_native()
 
 
+# Both engines judge `future` against this wall clock (s), so that they see the same bound.
+CLOCK_S = 1_800_000_000.0
+
+
 def python_replay(
-    lines: Sequence[bytes], config: StatsConfig, labels: dict[str, str] | None = None
+    lines: Sequence[bytes],
+    config: StatsConfig,
+    labels: dict[str, str] | None = None,
+    clock_s: float = CLOCK_S,
 ) -> tuple[StatsEngine, Pipeline]:
-    pipeline = Pipeline(config, IntentLabeller(label_map=labels or label_map()))
+    pipeline = Pipeline(config, IntentLabeller(label_map=labels or label_map()), clock_s=clock_s)
     pipeline.offer_all(lines)
     pipeline.engine.finish()
     return pipeline.engine, pipeline
@@ -84,8 +91,9 @@ def native_replay(
     config: StatsConfig,
     batch: int = 1000,
     labels: dict[str, str] | None = None,
+    clock_s: float = CLOCK_S,
 ) -> tuple[StatsEngine, NativeReplay]:
-    replay = NativeReplay(config, label_map=labels)
+    replay = NativeReplay(config, label_map=labels, clock_s=clock_s)
     for start in range(0, len(lines), batch):
         assert replay.offer_lines(iter(lines[start : start + batch])) == len(
             lines[start : start + batch]
@@ -124,9 +132,10 @@ def assert_same(
     config: StatsConfig,
     batch: int = 1000,
     labels: dict[str, str] | None = None,
+    clock_s: float = CLOCK_S,
 ) -> StatsEngine:
-    expected, pipeline = python_replay(lines, config, labels)
-    got, replay = native_replay(lines, config, batch, labels)
+    expected, pipeline = python_replay(lines, config, labels, clock_s)
+    got, replay = native_replay(lines, config, batch, labels, clock_s)
     assert state(got) == state(expected)
     assert canonical(got.snapshot()) == canonical(expected.snapshot())
     assert replay.labels() == (pipeline.labeller.labels, pipeline.labeller.folded)
@@ -270,6 +279,28 @@ def test_labels_outside_the_taxonomy_fold_into_unknown_as_the_labeller_does(
     assert folded == 3 * (len(junk) + 2 - len(extra))
 
 
+@pytest.mark.parametrize("clock_s", [0.0, 150.0, CLOCK_S])
+def test_an_event_too_far_ahead_is_future_in_both_engines_with_the_same_bound(
+    clock_s: float,
+) -> None:
+    config = StatsConfig(max_future_skew_s=100.0, allowed_lateness_s=1e9)
+    times = [10.0, 110.0 + 1e-9, 110.0, 210.0, 1e300, 3.0e12, 200.0, 250.0, 351.0, 260.0]
+    lines = [
+        event_line(i % 3, 1 + i // 3, t, 32, intent=None, cached=None, request_id=None)
+        for i, t in enumerate(times)
+    ]
+    got = assert_same(lines, config, batch=3, clock_s=clock_s)
+    bound = clock_s + 100.0  # max(newest, clock) + skew, the newest moving with each event
+    future = 0
+    for t in times:
+        if t > bound:
+            future += 1
+        else:
+            bound = max(bound, t + 100.0)
+    assert got.counters.rejected["future"] == future > 0
+    assert got.counters.processed == len(times) - future
+
+
 def test_a_timestamp_beyond_2_52_s_hands_the_replay_to_the_python_engine(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -278,17 +309,18 @@ def test_a_timestamp_beyond_2_52_s_hands_the_replay_to_the_python_engine(
         event_line(2, 1, 2.0**53, 32, intent=None, cached=None, request_id=None),
         event_line(1, 2, 20.0, 32, intent=None, cached=None, request_id=None),
     ]
-    replay = NativeReplay(StatsConfig())
+    config = StatsConfig(max_future_skew_s=math.inf)  # else 2**53 s is `future`, see below
+    replay = NativeReplay(config)
     with pytest.raises(ReplayUnsupported):
         replay.offer_lines(lines)
     assert replay.processed == 1  # the lines before it stay applied
-    expected, _ = python_replay(lines, StatsConfig())
+    expected, _ = python_replay(lines, config)
 
     def batches() -> Iterator[list[bytes]]:
         yield lines
 
     with caplog.at_level("WARNING", logger="kvcast.stats.replay"):
-        got = replay_lines(batches, StatsConfig(), engine="native")
+        got = replay_lines(batches, config, engine="native")
     assert state(got) == state(expected)
     assert "replaying with the Python engine" in caplog.text  # the operator learns why
 
