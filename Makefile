@@ -5,6 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH ?= torch==2.13.0
+# Two pytest-xdist workers, whatever the core count: the integration tests mostly wait (on
+# brokers, Redis, daemons), so two halve the suite on 2 cores, and more would make their waits
+# compete for the CPU. `make test PYTEST_ARGS=...` replaces it (`PYTEST_ARGS=-p no:xdist`: one).
+PYTEST_ARGS ?= -n 2
 
 .PHONY: setup run test lint bench clean services-start services-stop services-status check-deploy
 

@@ -21,6 +21,7 @@ import pytest
 
 from kvcast.lab.bench.processes import OwnRedis, free_port, wait_until
 from tests import services
+from tests.reliability.tally import TALLY
 from tests.services import listening, missing, tansu_binary
 
 SERVICE_FIXTURES = {
@@ -31,6 +32,25 @@ SERVICE_FIXTURES = {
     "kafka_admin",
     "kafka_topic",
 }
+
+
+def pytest_sessionfinish(session) -> None:
+    """In a pytest-xdist worker: hand the reliability tally to the controller."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["reliability_tally"] = dict(TALLY)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """In the pytest-xdist controller: add a finished worker's tally."""
+    TALLY.update(getattr(node, "workeroutput", {}).get("reliability_tally", {}))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if sum(TALLY.values()):
+        terminalreporter.write_sep("-", "reliability summary")
+        terminalreporter.write_line(TALLY.line())
 
 
 def pytest_configure(config):
