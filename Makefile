@@ -10,7 +10,7 @@ TORCH ?= torch==2.13.0
 # compete for the CPU. `make test PYTEST_ARGS=...` replaces it (`PYTEST_ARGS=-p no:xdist`: one).
 PYTEST_ARGS ?= -n 2
 
-.PHONY: setup run test lint bench clean services-start services-stop services-status check-deploy
+.PHONY: setup run test test-engines lint bench clean services-start services-stop services-status check-deploy
 
 $(STAMP): pyproject.toml setup.py stats/native/_replay.c
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,12 @@ test: $(STAMP)
 	$(BIN)/ruff format --check .
 	bash scripts/check_deploy.sh install
 	bash scripts/services.sh run $(BIN)/pytest $(PYTEST_ARGS)
+	$(MAKE) test-engines
+
+# The adapters against vLLM's released wheel, in a venv of its own (scripts/engine_venv.sh).
+test-engines:
+	bash scripts/engine_venv.sh .venv-engines
+	.venv-engines/bin/python -m pytest -p no:cacheprovider --confcutdir=tests/engines tests/engines
 
 # The deploy/ checks alone (tests/deploy; promtool, kubectl, ... installed first when missing).
 check-deploy: $(STAMP)
@@ -51,4 +57,4 @@ bench: $(STAMP)
 
 clean:
 	bash scripts/services.sh stop
-	rm -rf .services $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf .services $(VENV) .venv-engines .pytest_cache .ruff_cache .hypothesis

@@ -189,6 +189,10 @@ class PriorityIndex:
             return self._states.get((intent, self.max_turn), self._default)
         return self._default
 
+    def listed(self, intent: str, turn: int) -> bool:
+        """Whether the table has a row for exactly this state (no capping, no defaults)."""
+        return (intent, turn) in self._states
+
     def priority(self, intent: str, turn: int, age_s: float, size_tokens: float) -> Priority:
         """The IAC sort key of a cached node; lowest is evicted first (see the module doc).
 

@@ -104,8 +104,10 @@ STATS_NO_IO = {
     "dbm": "files",
 }
 
-CLIENT_SIDE = ("kvcast.exporters.client", "kvcast.exporters.adapters")
+CLIENT_SIDE = ("kvcast.exporters.client", "kvcast.exporters.adapters", "kvcast.exporters.plugins")
 CLIENT_KVCAST = ("kvcast.stats.priority",)
+# The engines' entry points glue the other two units together; nothing else may.
+CLIENT_GLUE = {"kvcast.exporters.plugins": ("kvcast.exporters.client", "kvcast.exporters.adapters")}
 
 # The only third-party imports the engine-side client may make, each inside a function (so an
 # engine that does not use that feature never needs the package). Exact module names: a new one,
@@ -120,6 +122,9 @@ LAZY_THIRD_PARTY = {
         "kvcast.exporters.adapters.sglang",
         "sglang.srt.mem_cache.evict_policy",
     ): "the engine being adapted (optional)",
+    # register_vllm(): vLLM's plugin entry point, which only vLLM itself calls, replaces the
+    # block pool's queue class and wraps KVCacheManager.free.
+    ("kvcast.exporters.plugins", "vllm.v1.core"): "the engine being adapted (its plugin)",
 }
 
 # importer package -> packages it must never import (any kind of import)
@@ -173,7 +178,10 @@ def check_imports(graph: ig.ImportGraph) -> list[Violation]:
             if (io := _matches(target, STATS_NO_IO)) is not None:
                 found.append(_violation(imp, f"kvcast.stats does no I/O ({STATS_NO_IO[io]})"))
         if (unit := _client_unit(source)) is not None:
-            if internal and not (_within(target, unit) or target in CLIENT_KVCAST):
+            glue = CLIENT_GLUE.get(unit, ())
+            if internal and not (
+                _within(target, unit) or target in CLIENT_KVCAST or _matches(target, glue)
+            ):
                 found.append(
                     _violation(imp, "engine-side client: kvcast.stats.priority only among kvcast")
                 )
@@ -459,6 +467,14 @@ def test_the_synthetic_base_is_clean():
         (
             {"exporters__adapters__vllm": "def f():\n    import kvcast.exporters.client\n"},
             "kvcast.exporters.client",
+            "kvcast.stats.priority only",
+        ),
+        (
+            {
+                "exporters__plugins": "from kvcast.stats.engine import StatsEngine\n",
+                "stats__engine": "",
+            },
+            "kvcast.stats.engine",
             "kvcast.stats.priority only",
         ),
         # rule 3

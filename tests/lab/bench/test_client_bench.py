@@ -12,7 +12,7 @@ def test_bench_rows() -> None:
     assert [row[0] for row in rows] == [
         "IAC priority (engine client, 992 states)",
         "rank 1,000 eviction candidates (IAC)",
-        "vLLM-style free queue, append + popleft",
+        "vLLM free queue, free (tagged) + take, 64-block requests",
     ]
     assert all(len(row) == 4 for row in rows)
     assert result.priorities_per_s > 0 and result.rank_1000_s > 0
