@@ -93,9 +93,13 @@ def test_the_queue_speaks_vllms_errors() -> None:
         with pytest.raises(RuntimeError) as invalid:
             queue.remove(KVCacheBlock(7))
         messages.append((str(empty.value), str(invalid.value)))
-    assert messages[0] == messages[1] == (
-        "No free blocks available",
-        f"remove() called on an invalid block: {KVCacheBlock(7)}",
+    assert (
+        messages[0]
+        == messages[1]
+        == (
+            "No free blocks available",
+            f"remove() called on an invalid block: {KVCacheBlock(7)}",
+        )
     )
 
 
