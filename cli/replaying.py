@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from kvcast.daemon.sources.replay import read_line_batches
+from kvcast.daemon.sources.replay import file_line, read_line_batches
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.engine import StatsEngine
 from kvcast.stats.forecast import forecast_from_sample
@@ -28,8 +28,15 @@ def replay_engine(
 ) -> StatsEngine:
     """Run every line of ``path`` through the statistics and finish them (all conversations
     complete). Progress lines go to ``progress`` when given; ``label_map``: the taxonomy's
-    producer label -> state label (default: the 30 categories)."""
+    producer label -> state label (default: the 30 categories). The rejections kept
+    (``engine.rejections``) come back with the file's 1-based line numbers as positions."""
     started = time.monotonic()
+    blank_lines: list[int] = []
+
+    def open_batches() -> Iterable[list[bytes]]:
+        blank_lines.clear()  # called again from the start when the engine changes
+        return read_line_batches(path, blank_lines)
+
     last_report = -math.inf
     last: ReplayProgress | None = None
 
@@ -41,7 +48,7 @@ def replay_engine(
             _progress_line(progress, now, last_report - started)
 
     finished = replay_lines(
-        lambda: read_line_batches(path),
+        open_batches,
         config,
         engine=engine,
         on_batch=report,
@@ -51,6 +58,10 @@ def replay_engine(
         if last is not None:
             _progress_line(progress, last, time.monotonic() - started)
         progress.write("\n")
+    finished.rejections = [
+        kept._replace(position=file_line(kept.position, blank_lines))
+        for kept in finished.rejections
+    ]
     return finished
 
 
@@ -77,6 +88,10 @@ def replay_file(
     )
     events = finished.counters.to_dict()
     events["open_conversations"] = finished.tracker.open_conversations
+    events["rejections"] = [
+        {"position": kept.position, "reason": kept.reason, "field": kept.field}
+        for kept in finished.rejections
+    ]
     return {
         "forecast": forecast.to_dict(),
         "table": table_document(snapshot, config, version=1),

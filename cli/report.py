@@ -56,13 +56,23 @@ def format_table(table: dict[str, Any]) -> list[str]:
     return lines
 
 
+REJECTIONS_SHOWN = 10
+
+
 def format_events(events: dict[str, Any]) -> list[str]:
     reasons = ", ".join(f"{k} {v}" for k, v in events.get("rejected_by_reason", {}).items())
-    return [
+    lines = [
         f"events: processed {events['processed']}, rejected {events['rejected']}"
         + (f" ({reasons})" if reasons else "")
         + f", duplicates {events['duplicates']}"
     ]
+    kept = events.get("rejections", [])
+    for rejection in kept[:REJECTIONS_SHOWN]:
+        field = f" (field {rejection['field']})" if rejection["field"] else ""
+        lines.append(f"  line {rejection['position']}: {rejection['reason']}{field}")
+    if events["rejected"] > REJECTIONS_SHOWN and kept:
+        lines.append(f"  ... the first {len(kept)} with their lines: --json")
+    return lines
 
 
 def format_replay_report(result: dict[str, Any]) -> str:

@@ -22,6 +22,7 @@ import orjson
 
 from kvcast.daemon.published import format_status
 from kvcast.daemon.publisher import Publisher
+from kvcast.daemon.rejection_log import RejectionLog
 from kvcast.daemon.settings import DaemonSettings
 from kvcast.daemon.sources.base import EventSource, Record
 from kvcast.daemon.stores import StaleOwner, StateStore, StoreUnavailable
@@ -70,6 +71,7 @@ class Daemon:
         self._epoch: str | None = None  # the store's data the partitions were loaded from
         self.events_seen = 0
         self._status_mark = (clock(), 0)
+        self._rejection_log = RejectionLog(log, clock=clock)
         source.set_listener(self)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -94,6 +96,7 @@ class Daemon:
                     self._print_status()
         finally:
             code = self._drain()
+            self._rejection_log.flush()
             self.publisher.stop()
             self.source.close()
         return code
@@ -212,6 +215,9 @@ class Daemon:
             for engine in engines.values():
                 engine.tracker.advance_clock(now_s)
             ingest(items, self.labeller)
+            for partition, engine in engines.items():
+                for rejection in engine.take_rejections():
+                    self._rejection_log.note(partition, rejection)
 
     # -- commits -----------------------------------------------------------------------------
 

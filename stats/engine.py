@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from kvcast.stats.arrivals import ArrivalStats
 from kvcast.stats.config import StatsConfig
@@ -19,6 +20,19 @@ from kvcast.stats.window import Bucket, StatsWindow
 
 # Window expiry runs after this many completions (its cost is per bucket, not per event).
 EXPIRE_EVERY_COMPLETIONS = 1024
+# Rejections kept with their position (the native engine keeps as many: _replay.c).
+REJECTIONS_KEPT = 100
+# The field at fault in the rejections the engine itself decides (the rest come from parsing).
+OUTCOME_FIELDS = {"too_late": "timestamp", "future": "timestamp", "open_limit": "session_id"}
+
+
+class Rejection(NamedTuple):
+    """Where an event was rejected and why: its position (a file's payload index, a Kafka
+    offset), the reason, and the field at fault (None: the payload as a whole)."""
+
+    position: int
+    reason: str
+    field: str | None
 
 
 @dataclass
@@ -48,6 +62,7 @@ class StatsEngine:
         self.window = StatsWindow(config)
         self.arrivals = ArrivalStats(config.rate_window_s)
         self.counters = EventCounters()
+        self.rejections: list[Rejection] = []  # the first REJECTIONS_KEPT, in input order
         self._completions_since_expiry = 0
 
     @classmethod
@@ -93,6 +108,11 @@ class StatsEngine:
     def reject(self, reason: str) -> None:
         """Count an event that failed validation before reaching the engine."""
         self.counters.rejected[reason] += 1
+
+    def note_rejection(self, position: int, reason: str, field: str | None) -> None:
+        """Keep where a rejection happened, while fewer than :data:`REJECTIONS_KEPT` are kept."""
+        if len(self.rejections) < REJECTIONS_KEPT:
+            self.rejections.append(Rejection(position, reason, field))
 
     def finish(self) -> None:
         """End of a finite input: complete every open conversation."""

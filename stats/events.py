@@ -47,12 +47,14 @@ REJECT_REASONS: tuple[str, ...] = (
 
 
 class EventRejected(ValueError):
-    """An event that breaks the contract. ``reason`` is a bounded label, ``detail`` explains."""
+    """An event that breaks the contract. ``reason`` is a bounded label, ``detail`` explains,
+    ``field`` names the contract field at fault (None when the payload as a whole is)."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: str, detail: str, field: str | None = None) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+        self.field = field
 
 
 # Field types as msgspec checks them while decoding (never on construction). Lengths count code
@@ -242,7 +244,9 @@ def _from_mapping(obj: dict[str, Any]) -> Event:
             else f"a {_kind(schema)}"
         )
         raise EventRejected(
-            "unsupported_schema", f"field 'schema': {got}, expected the integer {SCHEMA_VERSION}"
+            "unsupported_schema",
+            f"field 'schema': {got}, expected the integer {SCHEMA_VERSION}",
+            field="schema",
         )
     session_id = _string(obj, "session_id", MAX_SESSION_ID_CHARS, required=True)
     turn = _int(obj, "turn", 1, MAX_TURN, required=True)
@@ -254,6 +258,7 @@ def _from_mapping(obj: dict[str, Any]) -> Event:
         raise EventRejected(
             "cached_exceeds_input",
             f"field 'cached_tokens': {cached_tokens} exceeds input_tokens {input_tokens}",
+            field="cached_tokens",
         )
     request_id = _string(obj, "request_id", MAX_ID_CHARS, required=False)
     return Event(
@@ -274,7 +279,7 @@ def _from_mapping(obj: dict[str, Any]) -> Event:
 
 
 def _missing(field: str) -> EventRejected:
-    return EventRejected("missing_field", f"field '{field}' is required")
+    return EventRejected("missing_field", f"field '{field}' is required", field=field)
 
 
 def _string(obj: dict[str, Any], field: str, max_chars: int, *, required: bool) -> str | None:
@@ -284,10 +289,14 @@ def _string(obj: dict[str, Any], field: str, max_chars: int, *, required: bool) 
             raise _missing(field)
         return None
     if not isinstance(value, str):
-        raise EventRejected("wrong_type", f"field '{field}': expected a string, got {_kind(value)}")
+        raise EventRejected(
+            "wrong_type", f"field '{field}': expected a string, got {_kind(value)}", field=field
+        )
     if not 1 <= len(value) <= max_chars:
         raise EventRejected(
-            "out_of_range", f"field '{field}': length {len(value)} is not within 1..{max_chars}"
+            "out_of_range",
+            f"field '{field}': length {len(value)} is not within 1..{max_chars}",
+            field=field,
         )
     return value
 
@@ -300,12 +309,16 @@ def _int(obj: dict[str, Any], field: str, low: int, high: int, *, required: bool
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         if isinstance(value, float) and not math.isfinite(value):
-            raise EventRejected("non_finite", f"field '{field}': {value!r} is not finite")
+            raise EventRejected(
+                "non_finite", f"field '{field}': {value!r} is not finite", field=field
+            )
         raise EventRejected(
-            "wrong_type", f"field '{field}': expected an integer, got {_kind(value)}"
+            "wrong_type", f"field '{field}': expected an integer, got {_kind(value)}", field=field
         )
     if not low <= value <= high:
-        raise EventRejected("out_of_range", f"field '{field}': {value} is not within {low}..{high}")
+        raise EventRejected(
+            "out_of_range", f"field '{field}': {value} is not within {low}..{high}", field=field
+        )
     return value
 
 
@@ -314,15 +327,19 @@ def _time(obj: dict[str, Any], field: str) -> float:
     if value is None:
         raise _missing(field)
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise EventRejected("wrong_type", f"field '{field}': expected a number, got {_kind(value)}")
+        raise EventRejected(
+            "wrong_type", f"field '{field}': expected a number, got {_kind(value)}", field=field
+        )
     try:
         value = float(value)
     except OverflowError:
         value = math.inf
     if not math.isfinite(value):
-        raise EventRejected("non_finite", f"field '{field}': not a finite number of seconds")
+        raise EventRejected(
+            "non_finite", f"field '{field}': not a finite number of seconds", field=field
+        )
     if value < 0:
-        raise EventRejected("out_of_range", f"field '{field}': {value} is negative")
+        raise EventRejected("out_of_range", f"field '{field}': {value} is negative", field=field)
     return value
 
 
@@ -330,7 +347,9 @@ def _text(obj: dict[str, Any], field: str) -> str | None:
     value = obj.get(field)
     if value is None or isinstance(value, str):
         return value
-    raise EventRejected("wrong_type", f"field '{field}': expected a string, got {_kind(value)}")
+    raise EventRejected(
+        "wrong_type", f"field '{field}': expected a string, got {_kind(value)}", field=field
+    )
 
 
 def _messages(obj: dict[str, Any]) -> list[dict[str, str]] | None:
@@ -338,7 +357,9 @@ def _messages(obj: dict[str, Any]) -> list[dict[str, str]] | None:
     if value is None:
         return None
     if not isinstance(value, list):
-        raise EventRejected("wrong_type", f"field 'messages': expected a list, got {_kind(value)}")
+        raise EventRejected(
+            "wrong_type", f"field 'messages': expected a list, got {_kind(value)}", field="messages"
+        )
     for index, message in enumerate(value):
         if not (
             isinstance(message, dict)
@@ -348,6 +369,7 @@ def _messages(obj: dict[str, Any]) -> list[dict[str, str]] | None:
             raise EventRejected(
                 "wrong_type",
                 f"field 'messages[{index}]': expected an object with string 'role' and 'content'",
+                field="messages",
             )
     return value
 
@@ -358,17 +380,22 @@ def _block_hashes(obj: dict[str, Any]) -> list[int | str] | None:
         return None
     if not isinstance(value, list):
         raise EventRejected(
-            "wrong_type", f"field 'block_hashes': expected a list, got {_kind(value)}"
+            "wrong_type",
+            f"field 'block_hashes': expected a list, got {_kind(value)}",
+            field="block_hashes",
         )
     if len(value) > MAX_BLOCK_HASHES:
         raise EventRejected(
-            "out_of_range", f"field 'block_hashes': {len(value)} ids exceed {MAX_BLOCK_HASHES}"
+            "out_of_range",
+            f"field 'block_hashes': {len(value)} ids exceed {MAX_BLOCK_HASHES}",
+            field="block_hashes",
         )
     for index, block in enumerate(value):
         if isinstance(block, bool) or not isinstance(block, int | str):
             raise EventRejected(
                 "wrong_type",
                 f"field 'block_hashes[{index}]': expected an integer or string, got {_kind(block)}",
+                field="block_hashes",
             )
     return value
 

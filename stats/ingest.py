@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-from kvcast.stats.engine import StatsEngine
+from kvcast.stats.engine import OUTCOME_FIELDS, StatsEngine
 from kvcast.stats.events import Event, EventRejected, parse_event
 from kvcast.stats.labeller import IntentLabeller
 
@@ -23,8 +23,8 @@ class IngestTarget(Protocol):
     def apply(self, event: Event, intent: str, position: int) -> object:
         """Count a valid event found at ``position`` (a Kafka offset, a line index)."""
 
-    def reject(self, reason: str, position: int) -> None:
-        """Count the payload at ``position`` that failed validation."""
+    def reject(self, reason: str, position: int, field: str | None) -> None:
+        """Count the payload at ``position`` that failed validation (``field``: at fault)."""
 
 
 class EngineTarget:
@@ -36,10 +36,15 @@ class EngineTarget:
         self.engine = engine
 
     def apply(self, event: Event, intent: str, position: int) -> object:
-        return self.engine.apply(event, intent)
+        outcome = self.engine.apply(event, intent)
+        field = OUTCOME_FIELDS.get(outcome)
+        if field is not None:
+            self.engine.note_rejection(position, outcome, field)
+        return outcome
 
-    def reject(self, reason: str, position: int) -> None:
+    def reject(self, reason: str, position: int, field: str | None) -> None:
         self.engine.reject(reason)
+        self.engine.note_rejection(position, reason, field)
 
 
 def ingest(
@@ -55,7 +60,7 @@ def ingest(
             if run:  # keep positions in order: apply what came before first
                 _apply(run, labeller)
                 run = []
-            target.reject(rejection.reason, position)
+            target.reject(rejection.reason, position, rejection.field)
             last = rejection
             continue
         run.append((target, position, event))

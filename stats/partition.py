@@ -18,7 +18,7 @@ import orjson
 from kvcast.stats.arrivals import ArrivalStats
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.conversations import Conversation, ConversationTracker, Outcome, TurnRecord
-from kvcast.stats.engine import EventCounters
+from kvcast.stats.engine import OUTCOME_FIELDS, REJECTIONS_KEPT, EventCounters, Rejection
 from kvcast.stats.events import Event
 from kvcast.stats.window import Bucket, StatsWindow
 
@@ -106,6 +106,17 @@ class PartitionEngine:
             checkpoint.seen_ids,
         )
         self._reset_pending()
+        # Rejections since the daemon last took them (for its log), the first REJECTIONS_KEPT.
+        self._rejections: list[Rejection] = []
+
+    def take_rejections(self) -> list[Rejection]:
+        """The rejections (offsets) since the last call, at most REJECTIONS_KEPT of them."""
+        taken, self._rejections = self._rejections, []
+        return taken
+
+    def _note(self, offset: int, reason: str, field: str | None) -> None:
+        if len(self._rejections) < REJECTIONS_KEPT:
+            self._rejections.append(Rejection(offset, reason, field))
 
     def _reset_pending(self) -> None:
         self._window = StatsWindow(self.config)
@@ -127,14 +138,16 @@ class PartitionEngine:
             self._counters.duplicates += 1
         else:
             self._counters.rejected[outcome] += 1
+            self._note(offset, outcome, OUTCOME_FIELDS.get(outcome))
         for conversation in completed:
             self._window.add(conversation)
         self.offset = offset
         return outcome
 
-    def reject(self, reason: str, offset: int) -> None:
-        """Count the payload at ``offset`` that failed validation."""
+    def reject(self, reason: str, offset: int, field: str | None = None) -> None:
+        """Count the payload at ``offset`` that failed validation (``field``: at fault)."""
         self._counters.rejected[reason] += 1
+        self._note(offset, reason, field)
         self.offset = offset
 
     def take_delta(self) -> PartitionDelta:

@@ -108,8 +108,26 @@ class ReplaySource:
 READ_BATCH_BYTES = 4 << 20
 
 
-def read_line_batches(path: Path) -> Iterable[list[bytes]]:
-    """Non-blank lines of a JSONL file, stripped, in lists of about 4 MiB of text."""
+def read_line_batches(path: Path, blank_lines: list[int] | None = None) -> Iterable[list[bytes]]:
+    """Non-blank lines of a JSONL file, stripped, in lists of about 4 MiB of text.
+
+    ``blank_lines``, when given, gets the 0-based line numbers of the blank lines skipped, so
+    that a payload's index can be turned back into its line (:func:`file_line`)."""
+    first_line = 0
     with path.open("rb") as handle:
         while batch := handle.readlines(READ_BATCH_BYTES):
-            yield [line for line in map(bytes.strip, batch) if line]
+            stripped = list(map(bytes.strip, batch))
+            if blank_lines is not None:
+                blank_lines.extend(first_line + i for i, line in enumerate(stripped) if not line)
+            first_line += len(batch)
+            yield [line for line in stripped if line]
+
+
+def file_line(index: int, blank_lines: list[int]) -> int:
+    """The 1-based line of the file holding the ``index``-th (0-based) non-blank line."""
+    line = index
+    for blank in blank_lines:  # sorted: each blank line at or before it moves it one down
+        if blank > line:
+            break
+        line += 1
+    return line + 1

@@ -773,6 +773,9 @@ typedef struct {
     PyObject *unsupported; /* the ReplayUnsupported class */
     uint64_t seed;         /* of bytes_hash */
     PyObject *s_reason, *s_too_late, *s_future, *s_open_limit;
+    PyObject *s_field, *s_timestamp, *s_session_id; /* a rejection's field at fault */
+    PyObject *rejections; /* list of (position, reason, field): StatsEngine.note_rejection */
+    int64_t offered;      /* lines offered so far: the position of the next one */
     FieldTable ev_fields;  /* of event_type (what parse returns) */
     FieldTable raw_fields; /* of decode_type (what decode returns) */
     PyObject *last_rejection;
@@ -888,6 +891,34 @@ count_reason(Core *self, PyObject *reason, int64_t *cache)
     }
     self->reason_counts[pos]++;
     return 0;
+}
+
+/* StatsEngine.note_rejection: keep (position, reason, field) of the first REJECTIONS_KEPT. */
+#define REJECTIONS_KEPT 100 /* kvcast.stats.engine.REJECTIONS_KEPT */
+static int
+note_rejection(Core *self, PyObject *reason, PyObject *field)
+{
+    if (PyList_GET_SIZE(self->rejections) >= REJECTIONS_KEPT) {
+        return 0;
+    }
+    PyObject *item = Py_BuildValue("(LOO)", (long long)(self->offered - 1), reason,
+                                   field != NULL ? field : Py_None);
+    if (item == NULL) {
+        return -1;
+    }
+    int r = PyList_Append(self->rejections, item);
+    Py_DECREF(item);
+    return r;
+}
+
+/* An outcome of the tracker that rejects the event: counted, and kept with its field. */
+static int
+reject_outcome(Core *self, PyObject *reason, int64_t *cache, PyObject *field)
+{
+    if (count_reason(self, reason, cache) < 0) {
+        return -1;
+    }
+    return note_rejection(self, reason, field);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1740,13 +1771,13 @@ apply_fields(Core *self, PyObject *ev, const FieldTable *ft, PyObject *default_r
         if (label_commit(self, action, label, label_hash, label_id) < 0) {
             return -1;
         }
-        return count_reason(self, self->s_too_late, &self->too_late_pos);
+        return reject_outcome(self, self->s_too_late, &self->too_late_pos, self->s_timestamp);
     }
     if (ts > self->future_bound) {
         if (label_commit(self, action, label, label_hash, label_id) < 0) {
             return -1;
         }
-        return count_reason(self, self->s_future, &self->future_pos);
+        return reject_outcome(self, self->s_future, &self->future_pos, self->s_timestamp);
     }
     if (sess_home != NULL && sess_home->val >= 0 && sess_home->key == (uint64_t)sk.hash) {
         __builtin_prefetch(&self->sess[sess_home->val]); /* the likely slot of the session */
@@ -1772,7 +1803,8 @@ apply_fields(Core *self, PyObject *ev, const FieldTable *ft, PyObject *default_r
         if (label_commit(self, action, label, label_hash, label_id) < 0) {
             return -1;
         }
-        return count_reason(self, self->s_open_limit, &self->open_limit_pos);
+        return reject_outcome(self, self->s_open_limit, &self->open_limit_pos,
+                              self->s_session_id);
     }
 
     /* Accepted: everything the native engine stores must be exact. */
@@ -1996,6 +2028,7 @@ parse_line(Core *self, PyObject *line)
 static int
 offer_one(Core *self, PyObject *line)
 {
+    self->offered++;
     PyObject *ev = parse_line(self, line);
     if (ev == NULL) {
         PyObject *type, *val, *tb;
@@ -2013,12 +2046,18 @@ offer_one(Core *self, PyObject *line)
         Py_INCREF(val);
         Py_XSETREF(self->last_rejection, val); /* ingest returns the last one; counted too */
         PyObject *reason = PyObject_GetAttr(val, self->s_reason);
+        PyObject *field = reason != NULL ? PyObject_GetAttr(val, self->s_field) : NULL;
         Py_DECREF(val);
-        if (reason == NULL) {
+        if (field == NULL) {
+            Py_XDECREF(reason);
             return -1;
         }
         int r = count_reason(self, reason, NULL);
+        if (r == 0) {
+            r = note_rejection(self, reason, field);
+        }
         Py_DECREF(reason);
+        Py_DECREF(field);
         return r;
     }
     int r = apply_event(self, ev);
@@ -2035,7 +2074,7 @@ core_ready(Core *self)
     if (self->parse == NULL || self->decode == NULL || self->decode_type == NULL ||
         self->rejected == NULL ||
         self->event_type == NULL || self->delay_type == NULL || self->unknown_label == NULL || self->reason_index == NULL ||
-        self->label_map == NULL) {
+        self->label_map == NULL || self->rejections == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "ReplayCore has been cleared");
         return -1;
     }
@@ -2525,10 +2564,15 @@ core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->s_reason = PyUnicode_InternFromString("reason");
     self->s_too_late = PyUnicode_InternFromString("too_late");
     self->s_future = PyUnicode_InternFromString("future");
+    self->s_field = PyUnicode_InternFromString("field");
+    self->s_timestamp = PyUnicode_InternFromString("timestamp");
+    self->s_session_id = PyUnicode_InternFromString("session_id");
+    self->rejections = PyList_New(0);
     self->s_open_limit = PyUnicode_InternFromString("open_limit");
     self->reason_index = PyDict_New();
     if (self->s_reason == NULL || self->s_too_late == NULL || self->s_future == NULL ||
-        self->s_open_limit == NULL ||
+        self->s_open_limit == NULL || self->s_field == NULL || self->s_timestamp == NULL ||
+        self->s_session_id == NULL || self->rejections == NULL ||
         self->reason_index == NULL) {
         goto fail;
     }
@@ -2580,7 +2624,7 @@ static const size_t core_refs[] = {
     offsetof(Core, parse),       offsetof(Core, decode),         offsetof(Core, decode_type),
     offsetof(Core, rejected),    offsetof(Core, event_type),     offsetof(Core, delay_type),
     offsetof(Core, unsupported), offsetof(Core, last_rejection), offsetof(Core, reason_index),
-    offsetof(Core, label_map),
+    offsetof(Core, label_map),   offsetof(Core, rejections),
 };
 
 static int
@@ -2649,6 +2693,9 @@ core_dealloc(Core *self)
     Py_CLEAR(self->s_reason);
     Py_CLEAR(self->s_too_late);
     Py_CLEAR(self->s_future);
+    Py_CLEAR(self->s_field);
+    Py_CLEAR(self->s_timestamp);
+    Py_CLEAR(self->s_session_id);
     Py_CLEAR(self->s_open_limit);
     Py_CLEAR(self->unknown_label);
     tp->tp_free((PyObject *)self);
@@ -2673,6 +2720,8 @@ static PyMemberDef core_members[] = {
     {"open_conversations", T_PYSSIZET, offsetof(Core, open_count), READONLY,
      "open conversations"},
     {"newest_ts", T_DOUBLE, offsetof(Core, newest_ts), READONLY, "newest accepted event time"},
+    {"rejections", T_OBJECT, offsetof(Core, rejections), READONLY,
+     "(position, reason, field) of the first rejections"},
     {"last_rejection", T_OBJECT, offsetof(Core, last_rejection), READONLY, /* NULL: None */
      "the last parse rejection"},
     {NULL, 0, 0, 0, NULL},

@@ -26,7 +26,7 @@ import msgspec
 
 from kvcast.stats.arrivals import ArrivalStats, SecondCounters
 from kvcast.stats.config import StatsConfig
-from kvcast.stats.engine import EventCounters, StatsEngine
+from kvcast.stats.engine import EventCounters, Rejection, StatsEngine
 from kvcast.stats.events import MAX_EVENT_BYTES, Event, EventRejected, parse_event
 from kvcast.stats.taxonomy import UNKNOWN
 from kvcast.stats.taxonomy import label_map as taxonomy_label_map
@@ -186,10 +186,12 @@ class NativeReplay:
             duplicates=state["duplicates"],
             rejected=Counter(state["rejected"]),
         )
-        return StatsEngine.finished(
+        engine = StatsEngine.finished(
             self._config,
             buckets=buckets,
             arrivals=arrivals,
             counters=counters,
             newest_ts=state["newest_ts"],
         )
+        engine.rejections = [Rejection(*kept) for kept in self._core.rejections]
+        return engine

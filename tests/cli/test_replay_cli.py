@@ -183,3 +183,29 @@ def test_one_line_from_the_far_future_is_future_and_pushes_nothing_out(
         cli, ["replay", str(path), "--json", "--engine", engine, "--max-future-skew", "0"]
     )
     assert small.exit_code == 2 and "--max-future-skew" in small.output
+
+
+@pytest.mark.parametrize("engine", ["native", "python"])
+def test_each_rejection_is_shown_with_its_file_line_reason_and_field(
+    tmp_path: Path, engine: str
+) -> None:
+    if engine == "native":
+        require_native()
+    good = b'{"session_id":"a","turn":1,"timestamp":1,"input_tokens":5,"output_tokens":1}'
+    lines = [good, b"", b"{broken", b"   ", b"",
+             b'{"session_id":"a","turn":0,"timestamp":2,"input_tokens":5,"output_tokens":1}',
+             b'{"session_id":"b","turn":1,"timestamp":1e300,"input_tokens":5,"output_tokens":1}',
+             b'{"session_id":"secret user text","turn":"1"}']  # fmt: skip
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    result = CliRunner().invoke(cli, ["replay", str(path), "--json", "--engine", engine])
+    assert result.exit_code == 0, result.output
+    assert orjson.loads(result.stdout)["events"]["rejections"] == [
+        {"position": 3, "reason": "invalid_json", "field": None},
+        {"position": 6, "reason": "out_of_range", "field": "turn"},
+        {"position": 7, "reason": "future", "field": "timestamp"},
+        {"position": 8, "reason": "wrong_type", "field": "turn"},
+    ]
+    human = CliRunner().invoke(cli, ["replay", str(path), "--engine", engine])
+    assert "  line 6: out_of_range (field turn)" in human.stdout
+    assert "secret" not in human.stdout and "secret" not in result.stdout

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from kvcast.lab.workload.generator import generate
 from kvcast.lab.workload.presets import preset
 from kvcast.stats.config import StatsConfig
-from kvcast.stats.engine import StatsEngine
+from kvcast.stats.engine import REJECTIONS_KEPT, StatsEngine
 from kvcast.stats.events import Event, EventRejected, parse_event
 from kvcast.stats.ingest import EngineTarget, ingest
 from kvcast.stats.labeller import IntentLabeller
@@ -76,7 +76,7 @@ class Recorder:
         self.applied.append((position, event.session_id, intent))
         return "accepted"
 
-    def reject(self, reason: str, position: int) -> None:
+    def reject(self, reason: str, position: int, field: str | None) -> None:
         self.log.append(("reject", position))
         self.rejected.append((reason, position))
 
@@ -265,13 +265,34 @@ def test_an_engine_target_returns_the_engine_outcome() -> None:
     parsed = parse_event(event())
     assert target.apply(parsed, "chitchat", 0) == "accepted"
     assert target.apply(parsed, "chitchat", 1) == "duplicate"
-    target.reject("invalid_json", 2)
+    target.reject("invalid_json", 2, None)
     assert target.engine.counters.to_dict() == {
         "processed": 1,
         "rejected": 1,
         "rejected_by_reason": {"invalid_json": 1},
         "duplicates": 1,
     }
+    assert target.engine.rejections == [(2, "invalid_json", None)]  # duplicates are not
+
+
+def test_rejections_are_kept_with_position_reason_and_field_the_first_hundred() -> None:
+    engine = StatsEngine(CONFIG, clock_s=0.0)
+    lines = [
+        b"{broken",
+        event(turn=0),
+        event(session_id="a"),
+        event(session_id="a", turn=2, timestamp=1e9),
+    ]
+    lines += [b"[]"] * (REJECTIONS_KEPT + 5)
+    ingest(((EngineTarget(engine), n, line) for n, line in enumerate(lines)), batch_labeller())
+    assert engine.rejections[:3] == [
+        (0, "invalid_json", None),
+        (1, "out_of_range", "turn"),
+        (3, "future", "timestamp"),
+    ]
+    assert engine.rejections[3] == (4, "not_an_object", None)
+    assert len(engine.rejections) == REJECTIONS_KEPT
+    assert sum(engine.counters.rejected.values()) == REJECTIONS_KEPT + 8
 
 
 @settings(max_examples=15, deadline=None)

@@ -139,6 +139,7 @@ def assert_same(
     assert state(got) == state(expected)
     assert canonical(got.snapshot()) == canonical(expected.snapshot())
     assert replay.labels() == (pipeline.labeller.labels, pipeline.labeller.folded)
+    assert got.rejections == expected.rejections  # where, why and which field
     for bucket in got.window.buckets.values():
         assert all(type(delay) is DelaySample for delay in bucket.delays)
     return got
@@ -385,3 +386,15 @@ def test_a_left_out_request_id_is_the_contracts_default_in_every_string_width(
     ]
     got = assert_same(lines, StatsConfig())
     assert got.counters.duplicates == 1 and got.counters.processed == 2
+
+
+def test_both_engines_keep_the_same_first_hundred_rejections_with_their_fields() -> None:
+    good = [event_line(n, 1, float(n), 32, intent=None, cached=None, request_id=None)
+            for n in range(50)]  # fmt: skip
+    bad = [b"{", b"[]", orjson.dumps({"session_id": "x", "turn": 0, "timestamp": 1.0,
+                                      "input_tokens": 1, "output_tokens": 1})] * 60  # fmt: skip
+    lines = [line for pair in zip(good * 4, bad, strict=False) for line in pair]
+    got = assert_same(lines, StatsConfig(), batch=7)
+    assert len(got.rejections) == 100 and got.counters.rejected.total() == len(bad)
+    assert got.rejections[:3] == [(1, "invalid_json", None), (3, "not_an_object", None),
+                                  (5, "out_of_range", "turn")]  # fmt: skip
