@@ -35,7 +35,7 @@ from types import ModuleType
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("stats", "daemon", "classifier", "exporters", "lab", "cli")
+FOLDERS = ("stats", "daemon", "classifier", "exporters", "lab", "cli", "producer")
 
 
 def _load_script(name: str) -> ModuleType:
@@ -104,7 +104,12 @@ STATS_NO_IO = {
     "dbm": "files",
 }
 
-CLIENT_SIDE = ("kvcast.exporters.client", "kvcast.exporters.adapters", "kvcast.exporters.plugins")
+CLIENT_SIDE = (
+    "kvcast.exporters.client",
+    "kvcast.exporters.adapters",
+    "kvcast.exporters.plugins",
+    "kvcast.producer",  # runs in the serving stack too: a router, a proxy
+)
 CLIENT_KVCAST = ("kvcast.stats.priority",)
 # The engines' entry points glue the other two units together; nothing else may.
 CLIENT_GLUE = {"kvcast.exporters.plugins": ("kvcast.exporters.client", "kvcast.exporters.adapters")}
@@ -125,6 +130,8 @@ LAZY_THIRD_PARTY = {
     # register_vllm(): vLLM's plugin entry point, which only vLLM itself calls, replaces the
     # block pool's queue class and wraps KVCacheManager.free.
     ("kvcast.exporters.plugins", "vllm.v1.core"): "the engine being adapted (its plugin)",
+    # KafkaEventProducer's sender thread: the broker client, only where events go to Kafka.
+    ("kvcast.producer.kafka", "kafka"): "the producer's Kafka client",
 }
 
 # importer package -> packages it must never import (any kind of import)

@@ -1,0 +1,215 @@
+"""One served OpenAI-compatible request (and its response) -> one kvcast event (docs/events.md).
+
+Standard library only: it runs inside the serving stack (a router callback, a proxy).
+
+- **Session and turn** come from the caller when it knows them (a router's session key). Else
+  they are recovered from the conversation itself: a chat request whose message history
+  extends an earlier request's messages plus that request's reply continues the earlier
+  conversation, one turn later. The builder keeps, for each answered request, a keyed hash of
+  "its messages + its reply" -> (session, turn), in an LRU map of ``max_conversations`` entries
+  (about 200 bytes each); a request is looked up by the keyed hashes of its message prefixes,
+  longest first. A prompt request (completions API) has no history: it is turn 1 of a new
+  session unless the caller says otherwise.
+- **block_hashes**: a chain of keyed hashes (HMAC-SHA-256 with the deployment's secret), one
+  per full block of ``block_size`` tokens when the caller has the token ids, else one per
+  ``block_size * 4`` characters of the prompt text (about ``block_size`` tokens). Each block's
+  hash covers everything before it, as an engine's prefix cache does, so two requests share
+  leading hashes exactly where they share a prefix; without the secret nobody can tell which
+  known prompt a hash stands for.
+- **User text** leaves only when ``include_text`` is on (for kvcast's intent classifier).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["CHARS_PER_TOKEN", "EventBuilder"]
+
+CHARS_PER_TOKEN = 4  # text blocks stand in for token blocks: about 4 characters a token
+SCHEMA_VERSION = 1
+MAX_SESSION_ID_CHARS = 256
+
+
+class EventBuilder:
+    """Builds kvcast events; recovers sessions and turns from chat histories.
+
+    ``secret``: the deployment's key for every hash (bytes, at least 16; keep it out of the
+    code, e.g. a mounted file). ``block_size``: the engine's KV block size in tokens.
+    ``max_conversations``: conversations remembered for turn recovery (least recent dropped).
+    ``include_text``: put ``messages``/``prompt`` in the event (for the classifier); off by
+    default. ``instance``: the serving instance's name for every event, if any.
+    """
+
+    def __init__(
+        self,
+        secret: bytes,
+        *,
+        block_size: int = 16,
+        max_conversations: int = 100_000,
+        include_text: bool = False,
+        instance: str | None = None,
+    ) -> None:
+        if not isinstance(secret, bytes) or len(secret) < 16:
+            raise ValueError("secret must be at least 16 bytes (a per-deployment random key)")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1 token, got {block_size}")
+        if max_conversations < 1:
+            raise ValueError(f"max_conversations must be >= 1, got {max_conversations}")
+        self._secret = secret
+        self.block_size = block_size
+        self.include_text = include_text
+        self.instance = instance
+        self._max = max_conversations
+        self._answered: OrderedDict[bytes, tuple[str, int]] = OrderedDict()
+
+    def build(
+        self,
+        request: Mapping[str, Any],
+        response: Mapping[str, Any] | None = None,
+        *,
+        arrival_s: float | None = None,
+        session_id: str | None = None,
+        turn: int | None = None,
+        intent: str | None = None,
+        token_ids: Sequence[int] | None = None,
+    ) -> dict[str, Any]:
+        """The event of one request. ``request``: the OpenAI-compatible body (``messages`` or
+        ``prompt``); ``response``: the response body (its ``usage``, ``id`` and reply), or for
+        a stream the final chunk with ``usage`` plus the reply as ``choices[0].message``.
+        ``arrival_s``: when the request arrived (Unix seconds; default now). ``token_ids``:
+        the prompt's token ids, when the caller has them (exact block hashes)."""
+        response = response or {}
+        messages = _messages(request.get("messages"))
+        if session_id is None or turn is None:
+            found = self._recover(messages) if messages is not None else None
+            if found is not None:
+                session_id = session_id or found[0]
+                turn = turn or found[1] + 1
+        session_id = session_id or uuid.uuid4().hex
+        turn = turn or 1
+        usage = response.get("usage") or {}
+        input_tokens = _count(usage.get("prompt_tokens"))
+        event: dict[str, Any] = {
+            "schema": SCHEMA_VERSION,
+            "session_id": session_id[:MAX_SESSION_ID_CHARS],
+            "turn": turn,
+            "timestamp": time.time() if arrival_s is None else arrival_s,
+            "input_tokens": input_tokens,
+            "output_tokens": _count(usage.get("completion_tokens")),
+        }
+        cached = _count((usage.get("prompt_tokens_details") or {}).get("cached_tokens"))
+        if usage.get("prompt_tokens_details") is not None and cached <= input_tokens:
+            event["cached_tokens"] = cached
+        request_id = response.get("id")
+        if isinstance(request_id, str) and 0 < len(request_id) <= 512:
+            event["request_id"] = request_id
+        if intent is not None:
+            event["intent"] = intent
+        if self.instance is not None:
+            event["instance"] = self.instance
+        hashes = self._block_hashes(token_ids, messages, request.get("prompt"))
+        if hashes:
+            event["block_hashes"] = hashes
+        if self.include_text:
+            if messages is not None:
+                event["messages"] = messages
+            elif isinstance(request.get("prompt"), str):
+                event["prompt"] = request["prompt"]
+        if messages is not None:
+            reply = _reply(response)
+            if reply is not None:
+                self._remember([*messages, reply], session_id, turn)
+        return event
+
+    # -- turn recovery -------------------------------------------------------------------------
+
+    def _prefix_keys(self, messages: list[dict[str, str]]) -> list[bytes]:
+        """Keyed hashes of messages[:1], messages[:2], ..., each chained on the one before."""
+        keys, key = [], b""
+        for message in messages:
+            canonical = json.dumps([message["role"], message["content"]], ensure_ascii=False)
+            key = hmac.digest(self._secret, key + canonical.encode("utf-8", "surrogatepass"),
+                              "sha256")  # fmt: skip
+            keys.append(key)
+        return keys
+
+    def _recover(self, messages: list[dict[str, str]]) -> tuple[str, int] | None:
+        keys = self._prefix_keys(messages)
+        for key in reversed(keys[:-1]):  # the last message is the new one: never answered yet
+            found = self._answered.get(key)
+            if found is not None:
+                self._answered.move_to_end(key)
+                return found
+        return None
+
+    def _remember(self, history: list[dict[str, str]], session_id: str, turn: int) -> None:
+        key = self._prefix_keys(history)[-1]
+        self._answered[key] = (session_id, turn)
+        self._answered.move_to_end(key)
+        while len(self._answered) > self._max:
+            self._answered.popitem(last=False)
+
+    # -- block hashes ---------------------------------------------------------------------------
+
+    def _block_hashes(
+        self,
+        token_ids: Sequence[int] | None,
+        messages: list[dict[str, str]] | None,
+        prompt: Any,
+    ) -> list[int]:
+        if token_ids is not None:
+            size = self.block_size
+            chunks = [
+                b",".join(str(int(t)).encode() for t in token_ids[start : start + size])
+                for start in range(0, len(token_ids) - size + 1, size)
+            ]
+        else:
+            if messages is not None:
+                text = "".join(f"{m['role']}\x1e{m['content']}\x1f" for m in messages)
+            elif isinstance(prompt, str):
+                text = prompt
+            else:
+                return []
+            data = text.encode("utf-8", "surrogatepass")
+            size = self.block_size * CHARS_PER_TOKEN
+            chunks = [data[start : start + size] for start in range(0, len(data) - size + 1, size)]
+        hashes, parent = [], b""
+        for chunk in chunks:
+            parent = hmac.digest(self._secret, parent + chunk, "sha256")
+            hashes.append(int.from_bytes(parent[:8], "big") >> 1)  # 63 bits: a JSON-safe int
+        return hashes
+
+
+def _messages(value: Any) -> list[dict[str, str]] | None:
+    """The chat messages as role/content strings (content parts joined), or None."""
+    if not isinstance(value, list):
+        return None
+    out = []
+    for message in value:
+        if not isinstance(message, Mapping):
+            return None
+        content = message.get("content")
+        if isinstance(content, list):  # content parts: keep the text ones
+            content = "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
+        out.append({"role": str(message.get("role", "")), "content": content or ""})
+    return out
+
+
+def _reply(response: Mapping[str, Any]) -> dict[str, str] | None:
+    choices = response.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
+        return None
+    message = choices[0].get("message")
+    if not isinstance(message, Mapping):
+        return None
+    return _messages([message])[0]  # type: ignore[index]
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
