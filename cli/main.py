@@ -13,6 +13,7 @@ from kvcast.cli.commands.replay import replay
 from kvcast.cli.commands.run import run
 from kvcast.cli.commands.simulate import simulate_command
 from kvcast.cli.commands.table import table
+from kvcast.cli.commands.tap import tap_command
 from kvcast.cli.commands.train_head import train_head_command
 
 COMMANDS: list[click.Command] = [
@@ -26,6 +27,7 @@ COMMANDS: list[click.Command] = [
     classify_command,
     train_head_command,
     table,
+    tap_command,
 ]
 
 

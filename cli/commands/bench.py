@@ -16,7 +16,9 @@ from kvcast.lab.bench.machine import describe_machine, machine_line
 from kvcast.lab.bench.throughput import run_throughput
 from kvcast.lab.reports.validation import ValidationGrid, measure_speed, run_validation
 
-SUITES = ("throughput", "solver", "client", "classifier", "policies", "validation", "daemon")
+SUITES = (
+    "throughput", "solver", "client", "tap", "classifier", "policies", "validation", "daemon"
+)  # fmt: skip
 # "classifier" loads the model, "policies" and "validation" take minutes and "daemon" needs a
 # broker and a Redis: ask for them by name.
 DEFAULT_SUITES = ("throughput", "solver", "client")
@@ -95,6 +97,12 @@ def bench(
         client = run_client_bench()
         results["client"] = client.to_dict()
         rows += client.rows()
+    if "tap" in chosen:
+        from kvcast.lab.bench.tap_bench import run_tap_bench
+
+        tap = run_tap_bench()
+        results["tap"] = tap.to_dict()
+        rows += tap.rows()
     if "classifier" in chosen:
         from kvcast.lab.bench.classifier_bench import run_classifier_bench
 

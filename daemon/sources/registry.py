@@ -14,6 +14,25 @@ from kvcast.daemon.sources.replay import ReplaySource
 _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
+def kafka_topic_of(url: str) -> tuple[str, str]:
+    """``(bootstrap, topic)`` of ``kafka://HOST:PORT[,HOST:PORT]/TOPIC``; ValueError naming the
+    part that is wrong."""
+    parts = urlsplit(url)
+    topic = parts.path.strip("/")
+    if parts.scheme != "kafka" or not parts.netloc or not topic:
+        raise ValueError(f"source {url!r}: expected kafka://HOST:PORT/TOPIC")
+    for broker in parts.netloc.split(","):
+        host, _, port = broker.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"source {url!r}: broker {broker!r} is not HOST:PORT")
+    if not _TOPIC.fullmatch(topic):
+        raise ValueError(
+            f"source {url!r}: topic {topic!r} is not a Kafka topic name "
+            "(1-249 of A-Z a-z 0-9 . _ -)"
+        )
+    return parts.netloc, topic
+
+
 def open_source(url: str, group_id: str, **kafka_options: Any) -> EventSource:
     """The source for ``url``; ValueError (saying what was expected) for anything else.
 
@@ -21,21 +40,10 @@ def open_source(url: str, group_id: str, **kafka_options: Any) -> EventSource:
     """
     parts = urlsplit(url)
     if parts.scheme == "kafka":
-        topic = parts.path.strip("/")
-        if not parts.netloc or not topic:
-            raise ValueError(f"source {url!r}: expected kafka://HOST:PORT/TOPIC")
-        for broker in parts.netloc.split(","):
-            host, _, port = broker.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"source {url!r}: broker {broker!r} is not HOST:PORT")
-        if not _TOPIC.fullmatch(topic):
-            raise ValueError(
-                f"source {url!r}: topic {topic!r} is not a Kafka topic name "
-                "(1-249 of A-Z a-z 0-9 . _ -)"
-            )
+        bootstrap, topic = kafka_topic_of(url)
         from kvcast.daemon.sources.kafka_source import KafkaSource
 
-        return KafkaSource(parts.netloc, topic, group_id, **kafka_options)
+        return KafkaSource(bootstrap, topic, group_id, **kafka_options)
     if parts.scheme == "file":
         path = Path(unquote(parts.netloc + parts.path))
         if not path.is_file():
