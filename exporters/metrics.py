@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -233,7 +233,10 @@ def _buckets(latency: dict[str, Any]) -> list[tuple[str, float]]:
 
 
 def build_registry(view: Callable[[], MetricsView]) -> CollectorRegistry:
-    """A fresh registry holding only kvcast's collector (never the global default one)."""
+    """A fresh registry (never the global default one): kvcast's collector and this process's
+    ``process_*`` metrics (resident memory, CPU seconds, open files: what an SRE alerts on;
+    the serving process's own, not the workers')."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(KvcastCollector(view))
+    ProcessCollector(registry=registry)
     return registry

@@ -93,3 +93,6 @@ def test_the_embedded_default_serves_its_endpoints(tmp_path: Path) -> None:
                 if process.poll() is None:
                     os.killpg(process.pid, signal.SIGKILL)
     assert children and code == 0, log.read_text()
+    # An operator sees why it stopped and that nothing was left unstored.
+    assert re.search(r"kvcast: stopped on SIGTERM: [\d,]+ events applied, everything stored",
+                     log.read_text()), log.read_text()  # fmt: skip

@@ -366,7 +366,10 @@ def serve(
         instance.close()
         raise click.UsageError(f"--metrics-addr {settings.metrics_addr}: {exc}") from None
 
-    def stop(*_: object) -> None:
+    stopped_by: list[str] = []
+
+    def stop(signum: int, _frame: object = None) -> None:
+        stopped_by.append(signal.Signals(signum).name)
         daemon.request_stop()
         if pool is not None:
             pool.request_stop()
@@ -389,4 +392,10 @@ def serve(
             code = max(code, pool.stop(settings.shutdown_timeout_s + 10))
         http.close()
         instance.close()
+        why = f"on {stopped_by[0]}" if stopped_by else "at the end of its source"
+        click.echo(
+            f"kvcast: stopped {why}: {daemon.events_seen:,} events applied, "
+            f"{'everything stored' if code == 0 else 'exit status ' + str(code)}",
+            err=True,
+        )
     return code

@@ -6,6 +6,7 @@ the real HTTP server and is parsed with Prometheus's own text parser.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -171,3 +172,21 @@ def test_store_latency_is_a_histogram_per_operation(scraped) -> None:
     assert commits == publisher.published.metrics_view().commits > 0
     infinite = {"operation": "commit", "le": "+Inf"}
     assert value(families, "kvcast_store_operation_seconds_bucket", infinite) == commits
+
+
+def test_the_process_exports_its_own_resources_for_an_sre(scraped) -> None:
+    families, _ = scraped
+    resident = value(families, "process_resident_memory_bytes")
+    assert 10 * 2**20 < resident < 64 * 2**30  # this test process: tens of MiB at least
+    assert value(families, "process_cpu_seconds_total") > 0
+    assert value(families, "process_open_fds") > 0
+    assert abs(value(families, "process_start_time_seconds") - _start_time(os.getpid())) < 5
+
+
+def _start_time(pid: int) -> float:
+    """When ``pid`` started (Unix seconds), read from /proc independently of prometheus_client."""
+    with open(f"/proc/{pid}/stat") as handle:
+        started_ticks = int(handle.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/stat") as handle:
+        boot = next(int(line.split()[1]) for line in handle if line.startswith("btime"))
+    return boot + started_ticks / os.sysconf("SC_CLK_TCK")
