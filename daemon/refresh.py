@@ -40,7 +40,8 @@ def compute_refresh(state: WindowState, settings: DaemonSettings, table_version:
     """The forecast (with its capacity curve and the capacity per target) and the table."""
     config = settings.stats
     now = state.newest_event_time if math.isfinite(state.newest_event_time) else None
-    snapshot = take_snapshot(state.window, state.arrivals, config, now)
+    # The store cut each partition's buckets at that partition's own age limit.
+    snapshot = take_snapshot(state.window, state.arrivals, config, now, age_limited=False)
     common = {
         "capacity_blocks": settings.capacity_blocks,
         "block_size": config.block_size,
@@ -93,7 +94,8 @@ def expiry_bounds(
 ) -> tuple[int, int] | None:
     """``(oldest window bucket to keep, oldest arrival second to keep)``, or None when nothing
     may be expired yet (no bucket in the window, or no conversation start seen)."""
-    chosen = {id(b) for b in state.window.buckets_in_window(snapshot.generated_at)}
+    window = state.window
+    chosen = {id(b) for b in window.buckets_in_window(snapshot.generated_at, age_limited=False)}
     kept = [index for index, bucket in state.window.buckets.items() if id(bucket) in chosen]
     if not kept or not math.isfinite(state.arrivals.newest_start):
         return None

@@ -124,8 +124,13 @@ class StatsEngine:
         self.window.merge(other.window)
         self.arrivals.merge(other.arrivals)
 
-    def snapshot(self, now_s: float | None = None) -> Snapshot:
-        """Statistics of the current window; ``now_s`` defaults to the newest event time."""
+    def snapshot(self, now_s: float | None = None, *, age_limited: bool = True) -> Snapshot:
+        """Statistics of the current window; ``now_s`` defaults to the newest event time.
+
+        ``age_limited=False``: the window holds partitions' windows already cut at their own
+        age limits (:func:`~kvcast.stats.window.merge_anchored`)."""
         if now_s is None and self.tracker.newest_event_time > float("-inf"):
             now_s = self.tracker.newest_event_time
-        return take_snapshot(self.window, self.arrivals, self.config, now_s)
+        return take_snapshot(
+            self.window, self.arrivals, self.config, now_s, age_limited=age_limited
+        )

@@ -23,6 +23,7 @@ from kvcast.stats.labeller import IntentLabeller
 from kvcast.stats.native.replay import NativeReplay, ReplayUnsupported, native_available
 from kvcast.stats.snapshot import Snapshot
 from kvcast.stats.taxonomy import label_map as taxonomy_label_map
+from kvcast.stats.window import merge_anchored
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,8 @@ def offline_statistics(
     """What the daemon publishes for ``records`` (partition, offset, payload), in one process.
 
     One pipeline per partition fed in offset order (a partition is the unit of ordering), the
-    partitions' statistics merged, the snapshot taken at the newest event time; with the
+    partitions' statistics merged (each window cut at its own partition's age limit), the
+    snapshot taken at the newest event time; with the
     rejections by reason. The reference the daemon's tests and the soak compare against.
     ``clock_s``: wall-clock time (s) the ``future`` bound counts from; default now.
     """
@@ -91,10 +93,14 @@ def offline_statistics(
     merged = StatsEngine(config)
     rejected: Counter[str] = Counter()
     for pipeline in pipelines.values():
-        merged.merge(pipeline.engine)
+        merged.arrivals.merge(pipeline.engine.arrivals)
         rejected.update(pipeline.engine.counters.rejected)
+    # Each partition's window is cut at its own age limit, as the daemon's store does.
+    merged.window = merge_anchored(
+        ((p.engine.window, p.engine.tracker.newest_event_time) for p in pipelines.values()), config
+    )
     newest = max(p.engine.tracker.newest_event_time for p in pipelines.values())
-    return merged.snapshot(newest), rejected
+    return merged.snapshot(newest, age_limited=False), rejected
 
 
 ReplayEngineName = Literal["auto", "native", "python"]

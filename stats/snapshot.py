@@ -83,10 +83,15 @@ def take_snapshot(
     arrivals: ArrivalStats,
     config: StatsConfig,
     now_s: float | None = None,
+    *,
+    age_limited: bool = True,
 ) -> Snapshot:
-    """Aggregate the window's buckets; ``now_s`` is the event time the table is stamped with."""
+    """Aggregate the window's buckets; ``now_s`` is the event time the table is stamped with.
+
+    ``age_limited=False`` for a window already cut at each partition's own age limit
+    (:func:`~kvcast.stats.window.merge_anchored`)."""
     total = Bucket()
-    for bucket in window.buckets_in_window(now_s):
+    for bucket in window.buckets_in_window(now_s, age_limited=age_limited):
         total.merge(bucket)
     intents = tuple(sorted(total.moments))
     position = {intent: index for index, intent in enumerate(intents)}

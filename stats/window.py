@@ -14,6 +14,7 @@ read by :meth:`StatsWindow.buckets_in_window` is the newest buckets holding at l
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -166,17 +167,21 @@ class StatsWindow:
         for index, bucket in other.buckets.items():
             self.buckets.setdefault(index, Bucket()).merge(bucket)
 
-    def buckets_in_window(self, now_s: float | None = None) -> list[Bucket]:
+    def buckets_in_window(
+        self, now_s: float | None = None, *, age_limited: bool = True
+    ) -> list[Bucket]:
         """Newest buckets until ``window_conversations`` are covered, within the max age.
 
         ``now_s`` (event time) anchors the age limit; by default the newest bucket's end.
+        ``age_limited=False``: no age limit here, because the buckets were already cut at
+        their partitions' own (:func:`merge_anchored`).
         """
         if not self.buckets:
             return []
         indices = sorted(self.buckets, reverse=True)
         if now_s is None:
             now_s = (indices[0] + 1) * self._config.bucket_s
-        oldest_allowed = now_s - self._config.window_max_age_s
+        oldest_allowed = now_s - self._config.window_max_age_s if age_limited else -math.inf
         chosen: list[Bucket] = []
         covered = 0
         for index in indices:
@@ -187,6 +192,20 @@ class StatsWindow:
             if covered >= self._config.window_conversations:
                 break
         return chosen
+
+    def first_bucket_within_age(self, newest_s: float) -> int:
+        """The oldest bucket index the age limit keeps for a partition whose newest event time
+        is ``newest_s`` (s): a bucket ending at or before ``newest_s - window_max_age_s`` is out."""
+        oldest_allowed = newest_s - self._config.window_max_age_s
+        bucket_s = self._config.bucket_s
+        first = math.floor(oldest_allowed / bucket_s)
+        # The exact rule is the comparison below (as buckets_in_window makes it); the division
+        # can round across a bucket boundary.
+        if (first + 1) * bucket_s <= oldest_allowed:
+            first += 1
+        elif first * bucket_s > oldest_allowed:
+            first -= 1
+        return first
 
     def expire(self, now_s: float | None = None) -> int:
         """Drop buckets that can never re-enter the window; return how many were dropped."""
@@ -199,3 +218,21 @@ class StatsWindow:
         for index in stale:
             del self.buckets[index]
         return len(stale)
+
+
+def merge_anchored(
+    partitions: Iterable[tuple[StatsWindow, float]], config: StatsConfig
+) -> StatsWindow:
+    """Partitions' windows ``(window, its newest event time s)`` merged, each cut at its own
+    age limit, so that one partition's clock never ages another's conversations out (a
+    producer whose clock runs ahead moves only its own partitions' windows). Read the result
+    with ``age_limited=False``: the count limit (``window_conversations``) applies to the merge.
+    """
+    merged = StatsWindow(config)
+    for window, newest_s in partitions:
+        # No event yet (-inf): nothing to anchor an age limit at, every bucket stays.
+        oldest_allowed = newest_s - config.window_max_age_s if math.isfinite(newest_s) else None
+        for index, bucket in window.buckets.items():
+            if oldest_allowed is None or (index + 1) * config.bucket_s > oldest_allowed:
+                merged.buckets.setdefault(index, Bucket()).merge(bucket)
+    return merged

@@ -35,7 +35,11 @@ class StaleOwner(RuntimeError):
 
 @dataclass
 class WindowState:
-    """The shared statistics as stored: window buckets, arrival counters, event counters."""
+    """The shared statistics as stored: window buckets, arrival counters, event counters.
+
+    ``window`` holds every partition's buckets cut at that partition's own age limit and then
+    merged (:func:`~kvcast.stats.window.merge_anchored`): read it with ``age_limited=False``.
+    ``newest_event_time`` is the newest of all partitions (s), what the table is stamped with."""
 
     window: StatsWindow
     arrivals: ArrivalStats
@@ -62,12 +66,13 @@ class StateStore(Protocol):
         (-1 for a partition never committed); else raise :class:`StaleOwner`."""
 
     def load_window(self, config: StatsConfig) -> WindowState:
-        """Everything needed for a snapshot: buckets, arrival and event counters."""
+        """Everything needed for a snapshot: buckets (each partition's cut at its own age
+        limit, then merged), arrival and event counters."""
 
     def expire(self, bucket_before: int, second_before: int) -> int:
-        """Delete window buckets with index < ``bucket_before`` and arrival counters of
-        seconds < ``second_before`` (neither can enter the window again); return buckets
-        deleted. Idempotent; any instance may call it."""
+        """Delete window buckets with index < ``bucket_before`` (of every partition) and arrival
+        counters of seconds < ``second_before`` (neither can enter the window again); return
+        buckets deleted (one per partition and index). Idempotent; any instance may call it."""
 
     def publish_table(self, document: dict[str, Any]) -> None:
         """Replace the published priority table atomically."""

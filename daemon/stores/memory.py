@@ -17,7 +17,7 @@ from kvcast.stats.arrivals import ArrivalStats
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.engine import EventCounters
 from kvcast.stats.partition import PartitionCheckpoint, PartitionDelta
-from kvcast.stats.window import Bucket, StatsWindow
+from kvcast.stats.window import Bucket, StatsWindow, merge_anchored
 
 
 class MemoryStore:
@@ -26,7 +26,7 @@ class MemoryStore:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._partitions: dict[str, PartitionCheckpoint] = {}
-        self._buckets: dict[int, Bucket] = {}
+        self._buckets: dict[str, dict[int, Bucket]] = {}  # partition -> index -> bucket
         self._arrivals: ArrivalStats | None = None
         self._counters = EventCounters()
         self._table: dict[str, Any] | None = None
@@ -65,8 +65,9 @@ class MemoryStore:
             checkpoint.seen_ids.update(delta.ids_added)
             for request_id in delta.ids_removed:
                 checkpoint.seen_ids.pop(request_id, None)
+            own = self._buckets.setdefault(delta.partition, {})
             for index, bucket in delta.buckets.items():
-                self._buckets.setdefault(index, Bucket()).merge(bucket)
+                own.setdefault(index, Bucket()).merge(bucket)
             if self._arrivals is None:
                 self._arrivals = ArrivalStats(delta.arrivals.rate_window_s)
             self._arrivals.merge(delta.arrivals)
@@ -76,10 +77,12 @@ class MemoryStore:
 
     def load_window(self, config: StatsConfig) -> WindowState:
         with self._lock:
-            window = StatsWindow(config)
-            for index, bucket in self._buckets.items():
-                window.buckets[index] = Bucket()
-                window.buckets[index].merge(bucket)
+            partitions = []
+            for partition, buckets in self._buckets.items():
+                own = StatsWindow(config)
+                own.buckets = buckets  # read only: merge_anchored copies into new buckets
+                partitions.append((own, self._partitions[partition].newest_ts))
+            window = merge_anchored(partitions, config)
             arrivals = ArrivalStats(config.rate_window_s)
             if self._arrivals is not None:
                 arrivals.merge(self._arrivals)
@@ -89,13 +92,15 @@ class MemoryStore:
 
     def expire(self, bucket_before: int, second_before: int) -> int:
         with self._lock:
-            stale = [index for index in self._buckets if index < bucket_before]
-            for index in stale:
-                del self._buckets[index]
+            stale = 0
+            for buckets in self._buckets.values():
+                for index in [index for index in buckets if index < bucket_before]:
+                    del buckets[index]
+                    stale += 1
             if self._arrivals is not None:
                 for second in [s for s in self._arrivals.seconds if s < second_before]:
                     del self._arrivals.seconds[second]
-            return len(stale)
+            return stale
 
     def publish_table(self, document: dict[str, Any]) -> None:
         with self._lock:

@@ -5,8 +5,13 @@ the multi-key commit transaction is legal on Redis Cluster). Layout:
 
 - ``part:P`` hash (offset, newest_ts), ``open:P`` hash (session -> open conversation),
   ``ids:P`` hash (request id -> event time): partition P's checkpoint;
-- ``buckets`` sorted set of window bucket indices; ``bucket:I`` hash of counts and sums and
-  ``delays:I`` list of delay-sample batches: the window, additive across instances;
+- ``parts`` set of the partitions with window buckets; per partition P, ``buckets:P`` sorted
+  set of its bucket indices, ``bucket:P:I`` hash of counts and sums and ``delays:P:I`` list of
+  delay-sample batches: its window, additive across its owners over time. The window read is
+  every partition's cut at its own age limit (``part:P`` newest_ts), then merged. (Before
+  version 0.2 the buckets were one window for all partitions: ``buckets``, ``bucket:I``,
+  ``delays:I``; such keys are still read, anchored at the newest event time of all, and
+  expired as usual.)
 - ``arr:starts``, ``arr:cached``, ``arr:input`` hashes per event-time second and ``arr:meta``
   (first/newest start, start count): the arrival counters;
 - ``counters`` hash: events processed, duplicates, rejected by reason;
@@ -37,7 +42,14 @@ from kvcast.stats.config import StatsConfig
 from kvcast.stats.engine import EventCounters
 from kvcast.stats.partition import PartitionCheckpoint, PartitionDelta
 from kvcast.stats.priority import redis_table_key
-from kvcast.stats.window import Bucket, DelaySample, MomentSums, StateSums, StatsWindow
+from kvcast.stats.window import (
+    Bucket,
+    DelaySample,
+    MomentSums,
+    StateSums,
+    StatsWindow,
+    merge_anchored,
+)
 
 # Keep the smaller (ARGV[3] == "min") or larger value of a hash field; floats as text.
 _KEEP_EXTREME = """
@@ -207,8 +219,10 @@ class RedisStore:
             _KEEP_EXTREME, 1, self.key("arr", "meta"), "newest_ts", repr(delta.newest_ts), "max"
         )
         increments = _Increments()
+        if delta.buckets:
+            pipe.sadd(self.key("parts"), part)
         for index, bucket in delta.buckets.items():
-            self._queue_bucket(pipe, increments, index, bucket)
+            self._queue_bucket(pipe, increments, part, index, bucket)
         self._queue_arrivals(pipe, increments, delta.arrivals)
         counters = delta.counters
         counts: list[Any] = []
@@ -222,8 +236,10 @@ class RedisStore:
         increments.add(self.key("counters"), counts)
         increments.queue(pipe)
 
-    def _queue_bucket(self, pipe: Any, increments: _Increments, index: int, bucket: Bucket) -> None:
-        pipe.zadd(self.key("buckets"), {str(index): index})
+    def _queue_bucket(
+        self, pipe: Any, increments: _Increments, part: str, index: int, bucket: Bucket
+    ) -> None:
+        pipe.zadd(self.key("buckets", part), {str(index): index})
         sums_of_bucket: list[Any] = ["n", bucket.conversations]
         for (intent, turn), sums in bucket.states.items():
             sums_of_bucket += (_field("r", intent, turn), sums.reached)
@@ -232,10 +248,10 @@ class RedisStore:
         for intent, moments in bucket.moments.items():
             for name in _MOMENT_FIELDS:
                 sums_of_bucket += (_field("m", intent, name), getattr(moments, name))
-        increments.add(self.key("bucket", index), sums_of_bucket)
+        increments.add(self.key("bucket", part, index), sums_of_bucket)
         if bucket.delays:
             pipe.rpush(
-                self.key("delays", index),
+                self.key("delays", part, index),
                 orjson.dumps([[d.delay_s, d.prev_blocks, d.intent, d.turn] for d in bucket.delays]),
             )
 
@@ -261,9 +277,22 @@ class RedisStore:
 
     def load_window(self, config: StatsConfig) -> WindowState:
         try:
-            indices = [int(i) for i in self._client.zrange(self.key("buckets"), 0, -1)]
+            parts = sorted(p.decode() for p in self._client.smembers(self.key("parts")))
+            pipe = self._client.pipeline(transaction=False)
+            for part in parts:
+                pipe.zrange(self.key("buckets", part), 0, -1)
+                pipe.hget(self.key("part", part), "newest_ts")
+            pipe.zrange(self.key("buckets"), 0, -1)  # the window as one before 0.2
+            listed = pipe.execute()
+            owners = [(part, [int(i) for i in listed[2 * n]], listed[2 * n + 1])
+                      for n, part in enumerate(parts)]  # fmt: skip
+            legacy = [int(i) for i in listed[-1]]
             pipe = self._client.pipeline(transaction=True)
-            for index in indices:
+            for part, indices, _ in owners:
+                for index in indices:
+                    pipe.hgetall(self.key("bucket", part, index))
+                    pipe.lrange(self.key("delays", part, index), 0, -1)
+            for index in legacy:
                 pipe.hgetall(self.key("bucket", index))
                 pipe.lrange(self.key("delays", index), 0, -1)
             for name in ("starts", "cached_tokens", "input_tokens", "meta"):
@@ -272,30 +301,47 @@ class RedisStore:
             results = pipe.execute()
         except _STORE_ERRORS as exc:
             raise _unavailable(exc) from None
-        window = StatsWindow(config)
-        for position, index in enumerate(indices):
-            window.buckets[index] = _decode_bucket(results[2 * position], results[2 * position + 1])
-        starts, cached, inputs, meta, counters = results[2 * len(indices) :]
+        starts, cached, inputs, meta, counters = results[-5:]
+        newest = float(meta.get(b"newest_ts", -math.inf))
+        fetched = iter(results[:-5])
+        partitions = []
+        for _, indices, newest_ts in owners:
+            own = StatsWindow(config)
+            for index in indices:
+                own.buckets[index] = _decode_bucket(next(fetched), next(fetched))
+            partitions.append((own, float(newest_ts) if newest_ts is not None else -math.inf))
+        if legacy:
+            old = StatsWindow(config)
+            for index in legacy:
+                old.buckets[index] = _decode_bucket(next(fetched), next(fetched))
+            partitions.append((old, newest))
         return WindowState(
-            window=window,
+            window=merge_anchored(partitions, config),
             arrivals=_decode_arrivals(config.rate_window_s, starts, cached, inputs, meta),
             counters=_decode_counters(counters),
-            newest_event_time=float(meta.get(b"newest_ts", -math.inf)),
+            newest_event_time=newest,
         )
 
     def expire(self, bucket_before: int, second_before: int) -> int:
         try:
-            stale = [
-                int(i)
-                for i in self._client.zrangebyscore(
-                    self.key("buckets"), "-inf", f"({bucket_before}"
-                )
-            ]
+            parts = sorted(p.decode() for p in self._client.smembers(self.key("parts")))
+            owners = [(self.key("buckets", part), part) for part in parts]
+            owners.append((self.key("buckets"), None))  # the window as one before 0.2
+            pipe = self._client.pipeline(transaction=False)
+            for zset, _ in owners:
+                pipe.zrangebyscore(zset, "-inf", f"({bucket_before}")
+            stale_lists = pipe.execute()
             pipe = self._client.pipeline(transaction=True)
-            if stale:
-                pipe.zrem(self.key("buckets"), *[str(i) for i in stale])
-                pipe.delete(*[self.key("bucket", i) for i in stale])
-                pipe.delete(*[self.key("delays", i) for i in stale])
+            deleted = 0
+            for (zset, part), stale in zip(owners, stale_lists, strict=True):
+                if not stale:
+                    continue
+                indices = [int(i) for i in stale]
+                where = () if part is None else (part,)
+                pipe.zrem(zset, *[str(i) for i in indices])
+                pipe.delete(*[self.key("bucket", *where, i) for i in indices])
+                pipe.delete(*[self.key("delays", *where, i) for i in indices])
+                deleted += len(indices)
             for name in ("starts", "cached_tokens", "input_tokens"):
                 key = self.key("arr", name)
                 old = [f for f in self._client.hkeys(key) if int(f) < second_before]
@@ -304,7 +350,7 @@ class RedisStore:
             pipe.execute()
         except _STORE_ERRORS as exc:
             raise _unavailable(exc) from None
-        return len(stale)
+        return deleted
 
     def publish_table(self, document: dict[str, Any]) -> None:
         try:

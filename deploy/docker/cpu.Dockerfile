@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # kvcast, CPU image (the classifier runs on the CPU). Build from the repository root:
-#   docker build -f deploy/docker/cpu.Dockerfile -t kvcast/kvcast:0.1.0-cpu .
+#   docker build -f deploy/docker/cpu.Dockerfile -t kvcast/kvcast:0.2.0-cpu .
 # Dependencies are pinned in requirements.txt (pin_requirements.py writes it from a venv).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 

@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # kvcast, CUDA image (the classifier runs batched in fp16 on the GPU). Build from the
 # repository root:
-#   docker build -f deploy/docker/cuda.Dockerfile -t kvcast/kvcast:0.1.0-cuda .
+#   docker build -f deploy/docker/cuda.Dockerfile -t kvcast/kvcast:0.2.0-cuda .
 # PyPI's torch wheels carry their CUDA libraries (nvidia-* wheels, pinned by torch itself), so
 # the base is the same slim Python; the host needs the NVIDIA driver and container toolkit.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from kvcast.daemon.refresh import compute_refresh
+from kvcast.daemon.settings import DaemonSettings
 from kvcast.daemon.stores import StaleOwner, StateStore, open_store
 from kvcast.lab.workload.generator import generate
 from kvcast.lab.workload.presets import preset
@@ -206,3 +208,62 @@ def test_a_redis_that_lost_its_data_has_a_new_epoch(redis_url, redis_client, red
     finally:
         one.close()
         two.close()
+
+
+def test_each_partitions_window_is_anchored_at_its_own_newest_event(store: StateStore) -> None:
+    """A partition whose clock runs 50 minutes ahead ages only its own conversations: before,
+    the window was cut at the newest event of all partitions, and one producer's clock emptied
+    every partition's part of the window (issue 18, item 4)."""
+    config = StatsConfig(completion_timeout_s=60, allowed_lateness_s=0, window_max_age_s=1800,
+                         bucket_s=60)  # fmt: skip
+
+    def conversation(session: str, start: float) -> list[Event]:
+        return [parse_event({"session_id": session, "turn": turn, "timestamp": start + 20 * turn,
+                             "input_tokens": 100 * turn, "output_tokens": 5})
+                for turn in (1, 2)]  # fmt: skip
+
+    behind = [e for n in range(20) for e in conversation(f"a{n}", 1000.0 + 30 * n)]
+    ahead = [e for n in range(20) for e in conversation(f"b{n}", 1000.0 + 30 * n)]
+    ahead += conversation("jump", 1000.0 + 3000.0)  # this producer's clock: 50 minutes ahead
+    for partition, events in (("t:0", behind), ("t:1", ahead)):
+        engine = PartitionEngine(config, partition)
+        for offset, event in enumerate(sorted(events, key=lambda e: e.timestamp)):
+            engine.apply(event, "chitchat", offset)
+        engine.flush()  # every conversation completes: all in the window's buckets
+        store.commit(engine.take_delta())
+    refresh = compute_refresh(
+        store.load_window(config), DaemonSettings(stats=config, capacity_blocks=100), 1
+    )
+    counted = refresh.snapshot.window_conversations  # what the published table is made of
+
+    def within_own_age(partition: str, newest_s: float) -> int:
+        """Brute force: the partition's conversations whose last turn's bucket ends after its
+        own newest event time minus the max age."""
+        events = behind if partition == "t:0" else ahead
+        last: dict[str, float] = {}
+        for event in events:
+            last[event.session_id] = max(last.get(event.session_id, 0.0), event.timestamp)
+        return sum(1 for ts in last.values() if (ts // 60 + 1) * 60 > newest_s - 1800)
+
+    expected = within_own_age("t:0", 1000.0 + 30 * 19 + 40) + within_own_age("t:1", 4040.0)
+    assert counted == expected == 20 + 1  # all of t:0's; of t:1 only the jump's own
+
+
+@pytest.mark.integration
+def test_a_window_kept_in_the_layout_before_0_2_is_still_read_and_expired(
+    redis_url: str, redis_client, redis_namespace: str, events: list[Event]
+) -> None:
+    store = open_store(redis_url, namespace=redis_namespace)
+    run_partition(store, events, commit_every=100)
+    before = stored_snapshot(store)[0]
+    key = store.key  # type: ignore[attr-defined]
+    indices = [int(i) for i in redis_client.zrange(key("buckets", "t:0"), 0, -1)]
+    for index in indices:  # back to one window for all partitions, as 0.1 wrote it
+        redis_client.rename(key("bucket", "t:0", index), key("bucket", index))
+        if redis_client.exists(key("delays", "t:0", index)):
+            redis_client.rename(key("delays", "t:0", index), key("delays", index))
+    redis_client.rename(key("buckets", "t:0"), key("buckets"))
+    redis_client.delete(key("parts"))
+    assert canonical(stored_snapshot(store)[0]) == canonical(before)
+    assert store.expire(max(indices) + 1, 0) == len(indices)
+    assert not redis_client.exists(key("buckets")) and not store.load_window(CONFIG).window.buckets
