@@ -239,52 +239,51 @@ class IACFreeBlockQueue:
     def _pop_tagged(self, wanted: int, popped: list[Any]) -> None:
         self._sync()
         now = self._clock()
-        tags = self._tags
         by_p = self._by_p
         if now >= self._stale_from:
             # Past their median first, lowest P first: a list's oldest block is its first, so
             # each list gives blocks from its head until one is still within its median.
             stale_from = math.inf
             for state_list in by_p:
-                head, tail, median_s = state_list.head, state_list.tail, state_list.median_s
-                block = head.next_free_block
-                while block is not tail:
-                    due = tags[block.block_id][1] + median_s
-                    if due > now:
-                        stale_from = min(stale_from, due)
-                        break
-                    if not wanted:  # stopped early: the next call looks again
-                        stale_from = now
-                        break
-                    following = block.next_free_block
-                    block.prev_free_block = block.next_free_block = None
-                    tags[block.block_id] = None
-                    popped.append(block)
-                    wanted -= 1
-                    block = following
-                head.next_free_block, block.prev_free_block = block, head
+                wanted, due = self._take(state_list, wanted, popped, now)
+                stale_from = min(stale_from, due)
                 if not wanted:
-                    stale_from = now
+                    stale_from = now  # stopped early: the next call looks again
                     break
             self._stale_from = stale_from
             if not wanted:
                 return
         for rank in range(self._low_rank, len(by_p)):  # then the rest, lowest P first
-            state_list = by_p[rank]
-            head, tail = state_list.head, state_list.tail
-            block = head.next_free_block
-            while wanted and block is not tail:
-                following = block.next_free_block
-                block.prev_free_block = block.next_free_block = None
-                tags[block.block_id] = None
-                popped.append(block)
-                wanted -= 1
-                block = following
-            head.next_free_block, block.prev_free_block = block, head
+            wanted, _ = self._take(by_p[rank], wanted, popped, None)
             if not wanted:
                 self._low_rank = rank
                 return
         raise RuntimeError("num_free_blocks is out of sync with the free lists")
+
+    def _take(
+        self, state_list: _StateList, wanted: int, popped: list[Any], now: float | None
+    ) -> tuple[int, float]:
+        """Unlink up to ``wanted`` blocks from the list's head into ``popped``; with ``now``
+        (clock s), only blocks past their median then. Returns what is still wanted and when
+        the list's new first block passes its median (inf: none, or no ``now``)."""
+        tags = self._tags
+        head, tail, median_s = state_list.head, state_list.tail, state_list.median_s
+        block = head.next_free_block
+        due = math.inf
+        while wanted and block is not tail:
+            if now is not None:
+                due = tags[block.block_id][1] + median_s
+                if due > now:
+                    break
+                due = math.inf
+            following = block.next_free_block
+            block.prev_free_block = block.next_free_block = None
+            tags[block.block_id] = None
+            popped.append(block)
+            wanted -= 1
+            block = following
+        head.next_free_block, block.prev_free_block = block, head
+        return wanted, due
 
     def remove(self, block: Any) -> None:
         """Remove a block in the free list (a cache hit) and reduce num_free_blocks by 1."""
