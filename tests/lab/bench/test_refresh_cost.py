@@ -1,0 +1,16 @@
+"""The refresh-cost benchmark times each partition count over the same conversations."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcast.lab.bench.refresh_cost import run_refresh_cost
+
+pytestmark = pytest.mark.integration
+
+
+def test_every_partition_count_merges_into_the_same_buckets(redis_url: str) -> None:
+    rows = run_refresh_cost(redis_url, partitions=(1, 4), conversations=300, repeats=1)
+    assert [row.partitions for row in rows] == [1, 4]
+    assert rows[0].buckets == rows[1].buckets > 0  # the same conversations, however split
+    assert all(row.load_s > 0 and row.compute_s > 0 for row in rows)
