@@ -4,7 +4,10 @@ same paths and bodies. For ``kvcast tap``'s tests and benchmark.
 - ``POST /v1/chat/completions``: the reply is ``answer N`` (N: the number of messages);
   ``usage`` with ``prompt_tokens = 10 * N`` and ``prompt_tokens_details.cached_tokens`` half of
   it; with ``stream``: server-sent events (a role chunk, one chunk a word 10 ms apart, a finish
-  chunk, the usage chunk when ``stream_options.include_usage``, ``data: [DONE]``).
+  chunk, the usage chunk when ``stream_options.include_usage``, ``data: [DONE]``). Built with
+  ``hold_after_first_word``, a stream waits after its first word until that event is set (at
+  most ``HOLD_S``; ``app[HELD_TOO_LONG]`` then turns True): a test releases it only once its
+  client has read the first word, which proves the word was relayed before the stream ended.
 - ``GET /v1/models``: one model.
 """
 
@@ -16,6 +19,9 @@ import json
 from aiohttp import web
 
 WORD_INTERVAL_S = 0.01
+HOLD_S = 5.0
+HOLD = web.AppKey("hold", asyncio.Event)
+HELD_TOO_LONG = web.AppKey("held_too_long", bool)
 
 
 def reply_to(messages: list[dict]) -> str:
@@ -45,9 +51,15 @@ async def chat(request: web.Request) -> web.StreamResponse:
 
     chunk = {**base, "object": "chat.completion.chunk"}
     await send({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
-    for word in text.split(" "):
+    hold = request.app.get(HOLD)
+    for position, word in enumerate(text.split(" ")):
         await send({**chunk, "choices": [{"index": 0, "delta": {"content": word + " "}}]})
         await asyncio.sleep(WORD_INTERVAL_S)
+        if position == 0 and hold is not None:
+            try:
+                await asyncio.wait_for(hold.wait(), HOLD_S)
+            except TimeoutError:
+                request.app[HELD_TOO_LONG] = True
     await send({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
     if (body.get("stream_options") or {}).get("include_usage"):
         await send({**chunk, "choices": [], "usage": usage})
@@ -59,8 +71,11 @@ async def models(_request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
 
 
-def standin_app() -> web.Application:
+def standin_app(hold_after_first_word: asyncio.Event | None = None) -> web.Application:
     app = web.Application()
+    if hold_after_first_word is not None:
+        app[HOLD] = hold_after_first_word
+        app[HELD_TOO_LONG] = False
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/v1/models", models)
     return app

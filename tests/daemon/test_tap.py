@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from collections.abc import Iterator
 
 import openai
@@ -19,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from kvcast.daemon.tap import Tap
-from kvcast.lab.bench.openai_standin import standin_app
+from kvcast.lab.bench.openai_standin import HELD_TOO_LONG, standin_app
 from kvcast.lab.bench.processes import free_port
 from kvcast.producer import EventBuilder, KafkaEventProducer
 from tests.producer.test_kafka_producer import read_back
@@ -41,11 +40,18 @@ class Servers:
 
     def __enter__(self) -> Servers:
         self.thread.start()
-        upstream = standin_app()
+        self.hold = asyncio.run_coroutine_threadsafe(self._event(), self.loop).result(10)
+        upstream = self.upstream_app = standin_app(hold_after_first_word=self.hold)
         tap = Tap(f"http://127.0.0.1:{self.upstream_port}", self.producer).app()
         for app, port in ((upstream, self.upstream_port), (tap, self.tap_port)):
             asyncio.run_coroutine_threadsafe(self._serve(app, port), self.loop).result(10)
         return self
+
+    async def _event(self) -> asyncio.Event:
+        return asyncio.Event()
+
+    def release(self) -> None:
+        self.loop.call_soon_threadsafe(self.hold.set)
 
     async def _serve(self, app: web.Application, port: int) -> None:
         runner = web.AppRunner(app)
@@ -74,6 +80,7 @@ def test_a_conversation_through_the_tap_reaches_kafka_with_its_turns(
     tapped, kafka_bootstrap: str, kafka_topic: str
 ) -> None:
     servers, client = tapped
+    servers.release()  # this test does not hold the stream (the next one does)
     direct = openai.OpenAI(base_url=f"http://127.0.0.1:{servers.upstream_port}/v1", api_key="k")
     messages = [{"role": "user", "content": "private question about my order"}]
     first = client.chat.completions.create(model="m", messages=messages)
@@ -100,12 +107,14 @@ def test_a_conversation_through_the_tap_reaches_kafka_with_its_turns(
 
 @pytest.mark.parametrize("kafka_topic", [1], indirect=True)
 def test_the_tap_relays_a_stream_as_it_arrives(tapped) -> None:
-    _, client = tapped
+    """The stand-in holds its stream after the first word until this client has read that
+    word through the tap: a tap that buffered would leave the stand-in waiting in vain."""
+    servers, client = tapped
     messages = [{"role": "user", "content": "a b c d e f"} for _ in range(40)]
-    started = time.monotonic()
-    arrivals = []
+    words = []
     for chunk in client.chat.completions.create(model="m", messages=messages, stream=True):
         if chunk.choices and chunk.choices[0].delta.content:
-            arrivals.append(time.monotonic() - started)
-    assert len(arrivals) == 2  # "answer", "40"
-    assert arrivals[1] - arrivals[0] >= 0.008  # the second word came 10 ms later, not buffered
+            words.append(chunk.choices[0].delta.content)
+            servers.release()  # the first word came through while the stream was held
+    assert words == ["answer ", "40 "]
+    assert servers.upstream_app[HELD_TOO_LONG] is False
