@@ -1,34 +1,17 @@
-"""vLLM's free-block queue with cached blocks evicted in IAC order (vLLM is not a dependency).
+"""kvcast inside vLLM 0.33.0: the IAC free-block queue put into a block pool, and requests
+tagged with their state where ``KVCacheManager.free`` frees their blocks.
 
-vLLM's ``BlockPool`` keeps every free block in one ``FreeKVCacheBlockQueue``, a doubly linked
-list threaded through the blocks' own ``prev_free_block`` / ``next_free_block`` fields: it
-hands out blocks from the head, puts blocks holding no cache at the head (``prepend_n``) and
-cached blocks, freed tail-first by request, at the tail (``append_n``): LRU.
-:class:`IACFreeBlockQueue` has the same constructor, methods, fields and error texts, and the
-same order for untagged blocks, so that a pool with nothing tagged behaves exactly as stock.
-
-Tagged blocks (freed inside :meth:`IACFreeBlockQueue.tagging`, which :func:`install` wraps
-around ``KVCacheManager.free``) wait behind every untagged one, in one FIFO list per table
-state. A block is evicted first when its state's median reuse delay has passed since it was
-freed, among those the state least likely to continue first (``P(t+1 | i, t)``), then the rest
-by the same probability: the IAC tuple of SPEC section 5 with its size term dropped. Within
-one state blocks leave in the order they were freed (a request's tail first), so every
-operation is O(1) per block plus one pass over the table's states per ``popleft_n``; the table
-is read once per freed request, never per block.
-
-The tags live in a side table keyed by block id (vLLM's ``KVCacheBlock`` is a slots dataclass
-and takes no new attributes). Not thread-safe, like vLLM's queue: the block pool runs on the
-scheduler thread.
+The queue itself is :mod:`kvcast.exporters.adapters.vllm_queue`; the plugin entry point that
+installs all of this into every vLLM process is :func:`kvcast.exporters.plugins.register_vllm`.
 """
 
 from __future__ import annotations
 
-import math
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from kvcast.exporters.adapters.sglang import HasIndex, _Fixed
+from kvcast.exporters.adapters.sglang import HasIndex
+from kvcast.exporters.adapters.vllm_queue import IACFreeBlockQueue
 from kvcast.stats.priority import PriorityIndex
 
 __all__ = [
@@ -36,369 +19,13 @@ __all__ = [
     "TURN_KEY",
     "IACFreeBlockQueue",
     "install",
+    "replace_queue",
     "request_state",
     "tagging_free",
 ]
 
 INTENT_KEY = "kvcast_intent"  # in the request's sampling_params.extra_args (vllm_xargs)
 TURN_KEY = "kvcast_turn"
-_MAX_RESOLVED = 65_536  # (intent, turn) pairs remembered per table: requests choose them
-_MAX_LISTS = 4_096  # state lists; the table's own states always get theirs
-
-
-class _Link:
-    """A list end: the two link fields vLLM's blocks carry, and no block id of the pool."""
-
-    __slots__ = ("block_id", "next_free_block", "prev_free_block")
-
-    def __init__(self) -> None:
-        self.block_id = -1
-        self.prev_free_block: Any = None
-        self.next_free_block: Any = None
-
-
-def _empty_list() -> tuple[_Link, _Link]:
-    head, tail = _Link(), _Link()
-    head.next_free_block, tail.prev_free_block = tail, head
-    return head, tail
-
-
-class _StateList:
-    """The free blocks of one table state, oldest first, and the state's table values."""
-
-    __slots__ = ("head", "median_s", "p", "rank", "state", "tail")
-
-    def __init__(self, state: tuple[str, int] | None) -> None:
-        self.state = state  # None: the table's defaults (unlisted intents)
-        self.head, self.tail = _empty_list()
-        self.median_s = 0.0
-        self.p = 0.0
-        self.rank = 0  # position in the queue's lists by p
-
-
-class _Tagging:
-    __slots__ = ("intent", "queue", "turn")
-
-    def __init__(self, queue: IACFreeBlockQueue, intent: str | None, turn: int) -> None:
-        self.queue, self.intent, self.turn = queue, intent, turn
-
-    def __enter__(self) -> None:
-        if self.intent is not None:
-            self.queue.begin_tagging(self.intent, self.turn)
-
-    def __exit__(self, *exc: object) -> None:
-        self.queue.end_tagging()
-
-
-class IACFreeBlockQueue:
-    """``FreeKVCacheBlockQueue(blocks)``, with tagged blocks in IAC order after the rest.
-
-    ``blocks``: the initially free blocks, in order (vLLM passes all of its pool's blocks and
-    then pops the null block, block 0). ``table``: a ``TableClient`` or a fixed
-    :class:`PriorityIndex`; default: the one given to :meth:`bound`, else the defaults only.
-    ``clock``: seconds, ``time.monotonic`` by default.
-    """
-
-    _bound_table: HasIndex | PriorityIndex | None = None
-
-    def __init__(
-        self,
-        blocks: Sequence[Any],
-        *,
-        table: HasIndex | PriorityIndex | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        table = table if table is not None else self._bound_table
-        if table is None:
-            table = PriorityIndex(None)
-        self._table: HasIndex = _Fixed(table) if isinstance(table, PriorityIndex) else table
-        self._clock = clock
-        self.num_free_blocks = 0
-        self.fake_free_list_head, self.fake_free_list_tail = _empty_list()
-        # Per block id: (its state's list, freed at: clock s) while the block waits in a state's
-        # list, else None; so untagged blocks move exactly as in the stock queue.
-        self._tags: list[tuple[_StateList, float] | None] = [None] * (
-            max((block.block_id for block in blocks), default=-1) + 1
-        )
-        self._lists: dict[tuple[str, int] | None, _StateList] = {}
-        self._by_p: list[_StateList] = []  # the state lists, least likely to continue first
-        self._index: PriorityIndex | None = None  # the table the lists' values come from
-        self._resolved: dict[tuple[str, int], _StateList] = {}  # (intent, turn) as requested
-        self._pending: _StateList | None = None  # set by tagging(): the state being freed
-        # Bounds that spare popleft_n a pass over every state: no list's first block passes its
-        # median before _stale_from (clock s); the lists by p before _low_rank are empty.
-        self._stale_from = -math.inf
-        self._low_rank = 0
-        self.append_n(list(blocks))
-
-    @classmethod
-    def bound(cls, table: HasIndex | PriorityIndex) -> type[IACFreeBlockQueue]:
-        """This class with ``table`` as its default: a drop-in for vLLM's ``(blocks)`` call."""
-        return type(cls.__name__, (cls,), {"_bound_table": table, "__module__": cls.__module__})
-
-    def reserve(self, num_blocks: int) -> None:
-        """Room in the side table for block ids below ``num_blocks`` (the pool's size)."""
-        if num_blocks > len(self._tags):
-            self._tags.extend([None] * (num_blocks - len(self._tags)))
-
-    # -- tagging -------------------------------------------------------------------------------
-
-    def tagging(self, intent: str | None, turn: int) -> _Tagging:
-        """Blocks appended (freed with cached content) inside ``with queue.tagging(...)`` are of
-        state ``(intent, turn)``. An intent the table does not list counts under the table's
-        defaults; ``intent=None`` leaves the blocks untagged (the stock LRU order)."""
-        return _Tagging(self, intent, turn)
-
-    def begin_tagging(self, intent: str, turn: int) -> None:
-        """What ``with tagging(...)`` does on entry (for a hot path: no context object)."""
-        self._pending = self._list_of(intent, turn)
-
-    def end_tagging(self) -> None:
-        self._pending = None
-
-    def _list_of(self, intent: str, turn: int) -> _StateList:
-        """The list of a request's state: one dict lookup per request once it has been seen.
-
-        Every ``(intent, turn)`` gets a list of its own, valued by the table in use (the
-        defaults while it is not listed), so blocks freed before the table lists their state
-        move when it does. Past ``_MAX_LISTS`` lists, unlisted states share the defaults' list
-        (requests choose their intents: memory must not depend on them).
-        """
-        index = self._sync()
-        found = self._resolved.get((intent, turn))
-        if found is not None:
-            return found
-        state: tuple[str, int] | None = (intent, min(turn, index.max_turn))
-        found = self._lists.get(state)
-        if found is None:
-            if len(self._lists) >= _MAX_LISTS and not index.listed(*state):
-                state = None
-                found = self._lists.get(state)
-            if found is None:
-                found = self._lists[state] = _StateList(state)
-                self._set_values(found, index)
-                self._by_p.append(found)
-                self._rank()
-        if len(self._resolved) < _MAX_RESOLVED:
-            self._resolved[(intent, turn)] = found
-        return found
-
-    def _sync(self) -> PriorityIndex:
-        """The table now; when it changed, every state list takes its new values."""
-        index = self._table.index
-        if index is not self._index:
-            self._index = index
-            self._resolved.clear()
-            for state_list in self._lists.values():
-                self._set_values(state_list, index)
-            self._rank()
-        return index
-
-    def _rank(self) -> None:
-        self._by_p.sort(key=lambda lst: lst.p)
-        for rank, state_list in enumerate(self._by_p):
-            state_list.rank = rank
-        self._stale_from, self._low_rank = -math.inf, 0
-
-    @staticmethod
-    def _set_values(state_list: _StateList, index: PriorityIndex) -> None:
-        if state_list.state is None:
-            state_list.median_s, state_list.p = index.default_median_s, index.default_p
-        else:
-            state_list.median_s, state_list.p = index.state(*state_list.state)
-
-    # -- vLLM's FreeKVCacheBlockQueue ------------------------------------------------------------
-
-    def popleft(self) -> Any:
-        """Pop the first free block and reduce num_free_blocks by 1."""
-        if self.num_free_blocks == 0:
-            raise ValueError("No free blocks available")
-        return self.popleft_n(1)[0]
-
-    def popleft_n(self, n: int) -> list[Any]:
-        """Pop the first n free blocks (untagged first, then IAC order)."""
-        if n == 0:
-            return []
-        assert self.num_free_blocks >= n
-        self.num_free_blocks -= n
-        popped: list[Any] = []
-        head, tail = self.fake_free_list_head, self.fake_free_list_tail
-        block = head.next_free_block
-        while block is not tail:
-            following = block.next_free_block
-            block.prev_free_block = block.next_free_block = None
-            popped.append(block)
-            block = following
-            if len(popped) == n:
-                break
-        head.next_free_block, block.prev_free_block = block, head
-        if len(popped) < n:
-            self._pop_tagged(n - len(popped), popped)
-        return popped
-
-    def _pop_tagged(self, wanted: int, popped: list[Any]) -> None:
-        self._sync()
-        now = self._clock()
-        by_p = self._by_p
-        if now >= self._stale_from:
-            # Past their median first, lowest P first: a list's oldest block is its first, so
-            # each list gives blocks from its head until one is still within its median.
-            stale_from = math.inf
-            for state_list in by_p:
-                wanted, due = self._take(state_list, wanted, popped, now)
-                stale_from = min(stale_from, due)
-                if not wanted:
-                    stale_from = now  # stopped early: the next call looks again
-                    break
-            self._stale_from = stale_from
-            if not wanted:
-                return
-        for rank in range(self._low_rank, len(by_p)):  # then the rest, lowest P first
-            wanted, _ = self._take(by_p[rank], wanted, popped, None)
-            if not wanted:
-                self._low_rank = rank
-                return
-        raise RuntimeError("num_free_blocks is out of sync with the free lists")
-
-    def _take(
-        self, state_list: _StateList, wanted: int, popped: list[Any], now: float | None
-    ) -> tuple[int, float]:
-        """Unlink up to ``wanted`` blocks from the list's head into ``popped``; with ``now``
-        (clock s), only blocks past their median then. Returns what is still wanted and when
-        the list's new first block passes its median (inf: none, or no ``now``)."""
-        tags = self._tags
-        head, tail, median_s = state_list.head, state_list.tail, state_list.median_s
-        block = head.next_free_block
-        due = math.inf
-        while wanted and block is not tail:
-            if now is not None:
-                due = tags[block.block_id][1] + median_s
-                if due > now:
-                    break
-                due = math.inf
-            following = block.next_free_block
-            block.prev_free_block = block.next_free_block = None
-            tags[block.block_id] = None
-            popped.append(block)
-            wanted -= 1
-            block = following
-        head.next_free_block, block.prev_free_block = block, head
-        return wanted, due
-
-    def remove(self, block: Any) -> None:
-        """Remove a block in the free list (a cache hit) and reduce num_free_blocks by 1."""
-        prev_block, next_block = block.prev_free_block, block.next_free_block
-        if prev_block is None or next_block is None:
-            raise RuntimeError(f"remove() called on an invalid block: {block}")
-        prev_block.next_free_block, next_block.prev_free_block = next_block, prev_block
-        block.prev_free_block = block.next_free_block = None
-        if block.block_id < len(self._tags):
-            self._tags[block.block_id] = None
-        self.num_free_blocks -= 1
-
-    def append(self, block: Any) -> None:
-        """Put a block back into the free list and increase num_free_blocks by 1."""
-        self.append_n([block])
-
-    def append_n(self, blocks: Sequence[Any]) -> None:
-        """Put blocks back, in order: untagged at the tail, inside :meth:`tagging` at the tail of
-        their state's list."""
-        if not blocks:
-            return
-        state_list = self._pending
-        if state_list is None:  # the stock path, step for step
-            tail = self.fake_free_list_tail
-            last_block = tail.prev_free_block
-            for block in blocks:
-                block.prev_free_block = last_block
-                last_block.next_free_block = block
-                last_block = block
-        else:
-            tail = state_list.tail
-            now = self._clock()
-            if tail.prev_free_block is state_list.head:  # a new first block: update the bounds
-                self._stale_from = min(self._stale_from, now + state_list.median_s)
-                self._low_rank = min(self._low_rank, state_list.rank)
-            try:
-                last_block = self._link_tagged(blocks, tail, (state_list, now))
-            except IndexError:  # a block id above those the queue was built with; the links
-                self.reserve(max(block.block_id for block in blocks) + 1)  # are made again
-                last_block = self._link_tagged(blocks, tail, (state_list, now))
-        last_block.next_free_block, tail.prev_free_block = tail, last_block
-        self.num_free_blocks += len(blocks)
-
-    def _link_tagged(
-        self, blocks: Sequence[Any], tail: _Link, tag: tuple[_StateList, float]
-    ) -> Any:
-        """Tag ``blocks`` and chain them after the list's last block; return the new last one
-        (``tail`` itself is linked by the caller, so a second call redoes the same links)."""
-        tags = self._tags
-        last_block = tail.prev_free_block
-        for block in blocks:
-            tags[block.block_id] = tag
-            block.prev_free_block = last_block
-            last_block.next_free_block = block
-            last_block = block
-        return last_block
-
-    def prepend_n(self, blocks: Sequence[Any]) -> None:
-        """Put blocks holding no cache at the front of the free list (reused first, as stock)."""
-        if not blocks:
-            return
-        head = self.fake_free_list_head
-        first_block = head.next_free_block
-        prev_block = head
-        for block in blocks:
-            block.prev_free_block = prev_block
-            prev_block.next_free_block = block
-            prev_block = block
-        prev_block.next_free_block, first_block.prev_free_block = first_block, prev_block
-        self.num_free_blocks += len(blocks)
-
-    def iter_blocks_after(self, cursor: Any | None) -> Iterator[Any]:
-        """Free blocks in eviction order after ``cursor`` (all of them for None); nothing when
-        ``cursor`` is no longer free. Costs the blocks before the cursor too (stock: O(1))."""
-        if cursor is not None and cursor.next_free_block is None:
-            return
-        found = cursor is None
-        for block in self._eviction_order():
-            if found:
-                yield block
-            elif block is cursor:
-                found = True
-
-    def get_all_free_blocks(self) -> list[Any]:
-        """Every free block, in the order ``popleft`` would take them now (not removed)."""
-        return list(self._eviction_order())
-
-    def _eviction_order(self) -> Iterator[Any]:
-        """What :meth:`popleft_n` would take, in order, without taking it."""
-        tail = self.fake_free_list_tail
-        block = self.fake_free_list_head.next_free_block
-        while block is not tail:
-            yield block
-            block = block.next_free_block
-        self._sync()
-        now = self._clock()
-        tags = self._tags
-        resume: dict[int, Any] = {}
-        for state_list in self._by_p:
-            block = state_list.head.next_free_block
-            while (
-                block is not state_list.tail
-                and tags[block.block_id][1] + state_list.median_s <= now
-            ):
-                yield block
-                block = block.next_free_block
-            resume[id(state_list)] = block
-        for state_list in self._by_p:
-            block = resume[id(state_list)]
-            while block is not state_list.tail:
-                yield block
-                block = block.next_free_block
-
-
-# -- installing into vLLM ----------------------------------------------------------------------
 
 
 def request_state(request: Any) -> tuple[str | None, int]:
@@ -438,20 +65,25 @@ def tagging_free(free: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]
     return free_tagged
 
 
-def install(manager: Any, table: HasIndex | PriorityIndex) -> IACFreeBlockQueue:
-    """Put kvcast into a built vLLM ``KVCacheManager``: its block pool's queue becomes an
-    :class:`IACFreeBlockQueue` over the blocks free now, in their order (so the null block,
-    already taken, stays taken), and ``manager.free`` tags what a request frees."""
-    pool = manager.block_pool
+def replace_queue(pool: Any, table: HasIndex | PriorityIndex) -> IACFreeBlockQueue:
+    """Give a built vLLM ``BlockPool`` an :class:`IACFreeBlockQueue` over the blocks free now,
+    in their order (so the null block, already taken, stays taken)."""
     old = pool.free_block_queue
     if isinstance(old, IACFreeBlockQueue):
-        raise ValueError("kvcast is already installed in this KVCacheManager")
+        raise ValueError("kvcast is already installed in this block pool")
     free_now = old.get_all_free_blocks()
     for block in free_now:
         block.prev_free_block = block.next_free_block = None
     queue = IACFreeBlockQueue(free_now, table=table)
     queue.reserve(len(pool.blocks))
     pool.free_block_queue = queue
+    return queue
+
+
+def install(manager: Any, table: HasIndex | PriorityIndex) -> IACFreeBlockQueue:
+    """Put kvcast into a built vLLM ``KVCacheManager``: its block pool's queue is replaced
+    (:func:`replace_queue`) and ``manager.free`` tags what a request frees."""
+    queue = replace_queue(manager.block_pool, table)
     bound_free = type(manager).free
     manager.free = tagging_free(bound_free).__get__(manager)
     return queue

@@ -21,7 +21,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from kvcast.exporters.adapters.vllm import IACFreeBlockQueue
+from kvcast.exporters.adapters.vllm import replace_queue
 from kvcast.stats.priority import PriorityIndex
 
 KINDS = ("stock", "untagged", "tagged")
@@ -66,12 +66,7 @@ def _one_run(kind: str, blocks: int, request_blocks: int, index: PriorityIndex, 
     from vllm.v1.core.kv_cache_utils import BlockHash, make_block_hash_with_group_id
 
     pool = BlockPool(blocks, enable_caching=True, hash_block_size=16)
-    if kind != "stock":
-        free_now = pool.free_block_queue.get_all_free_blocks()
-        for block in free_now:
-            block.prev_free_block = block.next_free_block = None
-        pool.free_block_queue = IACFreeBlockQueue(free_now, table=index)
-    queue = pool.free_block_queue
+    queue = pool.free_block_queue if kind == "stock" else replace_queue(pool, index)
     rng = random.Random(seed)
     intents = sorted({intent for intent, _ in index.states()})
     requests = (blocks - 1) // request_blocks
