@@ -86,8 +86,9 @@ class EventBuilder:
         the prompt's token ids, when the caller has them (exact block hashes)."""
         response = response or {}
         messages = _messages(request.get("messages"))
+        keys = self._prefix_keys(messages) if messages is not None else []
         if session_id is None or turn is None:
-            found = self._recover(messages) if messages is not None else None
+            found = self._recover(keys)
             if found is not None:
                 session_id = session_id or found[0]
                 turn = turn or found[1] + 1
@@ -123,24 +124,28 @@ class EventBuilder:
                 event["prompt"] = request["prompt"]
         if messages is not None:
             reply = _reply(response)
-            if reply is not None:
-                self._remember([*messages, reply], session_id, turn)
+            if reply is not None:  # the key the next turn's history will start with
+                self._remember(self._chain(keys[-1] if keys else b"", reply), session_id, turn)
         return event
 
     # -- turn recovery -------------------------------------------------------------------------
+
+    def _chain(self, parent: bytes, message: dict[str, str]) -> bytes:
+        """The keyed hash of a history: its last message chained on the key of the rest."""
+        canonical = json.dumps([message["role"], message["content"]], ensure_ascii=False)
+        return hmac.digest(self._secret, parent + canonical.encode("utf-8", "surrogatepass"),
+                           "sha256")  # fmt: skip
 
     def _prefix_keys(self, messages: list[dict[str, str]]) -> list[bytes]:
         """Keyed hashes of messages[:1], messages[:2], ..., each chained on the one before."""
         keys, key = [], b""
         for message in messages:
-            canonical = json.dumps([message["role"], message["content"]], ensure_ascii=False)
-            key = hmac.digest(self._secret, key + canonical.encode("utf-8", "surrogatepass"),
-                              "sha256")  # fmt: skip
+            key = self._chain(key, message)
             keys.append(key)
         return keys
 
-    def _recover(self, messages: list[dict[str, str]]) -> tuple[str, int] | None:
-        keys = self._prefix_keys(messages)
+    def _recover(self, keys: list[bytes]) -> tuple[str, int] | None:
+        """The (session, turn) of the longest answered history the request's extends."""
         for key in reversed(keys[:-1]):  # the last message is the new one: never answered yet
             found = self._answered.get(key)
             if found is not None:
@@ -148,8 +153,7 @@ class EventBuilder:
                 return found
         return None
 
-    def _remember(self, history: list[dict[str, str]], session_id: str, turn: int) -> None:
-        key = self._prefix_keys(history)[-1]
+    def _remember(self, key: bytes, session_id: str, turn: int) -> None:
         self._answered[key] = (session_id, turn)
         self._answered.move_to_end(key)
         while len(self._answered) > self._max:
