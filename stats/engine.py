@@ -35,6 +35,12 @@ class Rejection(NamedTuple):
     field: str | None
 
 
+def keep_rejection(kept: list[Rejection], position: int, reason: str, field: str | None) -> None:
+    """Append to ``kept`` while it holds fewer than :data:`REJECTIONS_KEPT`."""
+    if len(kept) < REJECTIONS_KEPT:
+        kept.append(Rejection(position, reason, field))
+
+
 @dataclass
 class EventCounters:
     """What happened to the events offered: processed (accepted), rejected by reason, duplicates."""
@@ -111,8 +117,7 @@ class StatsEngine:
 
     def note_rejection(self, position: int, reason: str, field: str | None) -> None:
         """Keep where a rejection happened, while fewer than :data:`REJECTIONS_KEPT` are kept."""
-        if len(self.rejections) < REJECTIONS_KEPT:
-            self.rejections.append(Rejection(position, reason, field))
+        keep_rejection(self.rejections, position, reason, field)
 
     def finish(self) -> None:
         """End of a finite input: complete every open conversation."""

@@ -18,7 +18,7 @@ import orjson
 from kvcast.stats.arrivals import ArrivalStats
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.conversations import Conversation, ConversationTracker, Outcome, TurnRecord
-from kvcast.stats.engine import OUTCOME_FIELDS, REJECTIONS_KEPT, EventCounters, Rejection
+from kvcast.stats.engine import OUTCOME_FIELDS, EventCounters, Rejection, keep_rejection
 from kvcast.stats.events import Event
 from kvcast.stats.window import Bucket, StatsWindow
 
@@ -114,10 +114,6 @@ class PartitionEngine:
         taken, self._rejections = self._rejections, []
         return taken
 
-    def _note(self, offset: int, reason: str, field: str | None) -> None:
-        if len(self._rejections) < REJECTIONS_KEPT:
-            self._rejections.append(Rejection(offset, reason, field))
-
     def _reset_pending(self) -> None:
         self._window = StatsWindow(self.config)
         self._arrivals = ArrivalStats(self.config.rate_window_s)
@@ -138,7 +134,7 @@ class PartitionEngine:
             self._counters.duplicates += 1
         else:
             self._counters.rejected[outcome] += 1
-            self._note(offset, outcome, OUTCOME_FIELDS.get(outcome))
+            keep_rejection(self._rejections, offset, outcome, OUTCOME_FIELDS.get(outcome))
         for conversation in completed:
             self._window.add(conversation)
         self.offset = offset
@@ -147,7 +143,7 @@ class PartitionEngine:
     def reject(self, reason: str, offset: int, field: str | None = None) -> None:
         """Count the payload at ``offset`` that failed validation (``field``: at fault)."""
         self._counters.rejected[reason] += 1
-        self._note(offset, reason, field)
+        keep_rejection(self._rejections, offset, reason, field)
         self.offset = offset
 
     def take_delta(self) -> PartitionDelta:

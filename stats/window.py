@@ -193,20 +193,6 @@ class StatsWindow:
                 break
         return chosen
 
-    def first_bucket_within_age(self, newest_s: float) -> int:
-        """The oldest bucket index the age limit keeps for a partition whose newest event time
-        is ``newest_s`` (s): a bucket ending at or before ``newest_s - window_max_age_s`` is out."""
-        oldest_allowed = newest_s - self._config.window_max_age_s
-        bucket_s = self._config.bucket_s
-        first = math.floor(oldest_allowed / bucket_s)
-        # The exact rule is the comparison below (as buckets_in_window makes it); the division
-        # can round across a bucket boundary.
-        if (first + 1) * bucket_s <= oldest_allowed:
-            first += 1
-        elif first * bucket_s > oldest_allowed:
-            first -= 1
-        return first
-
     def expire(self, now_s: float | None = None) -> int:
         """Drop buckets that can never re-enter the window; return how many were dropped."""
         keep = {id(bucket) for bucket in self.buckets_in_window(now_s)}
