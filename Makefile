@@ -39,7 +39,7 @@ test: $(STAMP)
 # The adapters against vLLM's released wheel, in a venv of its own (scripts/engine_venv.sh).
 test-engines:
 	bash scripts/engine_venv.sh .venv-engines
-	.venv-engines/bin/python -m pytest -p no:cacheprovider --confcutdir=tests/engines tests/engines
+	KVCAST_ENGINE_TESTS=1 .venv-engines/bin/python -m pytest -p no:cacheprovider --confcutdir=tests/engines tests/engines
 
 # The deploy/ checks alone (tests/deploy; promtool, kubectl, ... installed first when missing).
 check-deploy: $(STAMP)
