@@ -14,6 +14,9 @@ from kvcast.stats.snapshot import Snapshot
 from tests import services
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from kvcast.lab.bench.processes import DaemonProcess
     from kvcast.lab.bench.soak import Records
 
 
@@ -84,3 +87,25 @@ def require_native() -> None:
         services.unavailable(
             "kvcast.stats.native._replay is not built (make setup builds it; needs a C compiler)"
         )
+
+
+def daemon_args(
+    bootstrap: str, topic: str, store_url: str, namespace: str, *extra: str
+) -> list[str]:
+    """``kvcast run`` flags for a Kafka topic and a store namespace, with the suite's fast
+    intervals and statistics settings (``FAST_FLAGS``, ``STATS_FLAGS``) after ``extra``."""
+    from kvcast.lab.bench.soak import FAST_FLAGS, STATS_FLAGS
+
+    return ["--source", f"kafka://{bootstrap}/{topic}", "--store", store_url,
+            "--namespace", namespace, *extra, *FAST_FLAGS, *STATS_FLAGS]  # fmt: skip
+
+
+def start_daemon(
+    log_dir: Path, bootstrap: str, topic: str, store_url: str, namespace: str, *extra: str
+) -> DaemonProcess:
+    """``kvcast run`` started on :func:`daemon_args`, logging to ``log_dir/daemon.log``."""
+    from kvcast.lab.bench.processes import DaemonProcess
+
+    return DaemonProcess(
+        daemon_args(bootstrap, topic, store_url, namespace, *extra), log_dir / "daemon.log"
+    )

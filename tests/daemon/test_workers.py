@@ -20,9 +20,9 @@ from kvcast.daemon.settings import DaemonSettings
 from kvcast.daemon.workers import merge_views
 from kvcast.exporters.view import MetricsView
 from kvcast.lab.bench.processes import DaemonProcess, wait_until
-from kvcast.lab.bench.soak import FAST_FLAGS, STATS_FLAGS, Producer, compare, wait_consumed
+from kvcast.lab.bench.soak import Producer, compare, wait_consumed
 from kvcast.lab.bench.soak import workload as soak_workload
-from tests.support import produce
+from tests.support import daemon_args, produce
 
 BUCKETS = [(0.001, 1), (0.01, 3), (float("inf"), 4)]
 
@@ -100,9 +100,7 @@ def test_cli_names_the_flag_and_the_range() -> None:
 
 
 def run_args(bootstrap: str, topic: str, redis_url: str, namespace: str, workers: int) -> list:
-    source = f"kafka://{bootstrap}/{topic}"
-    return ["--source", source, "--store", redis_url, "--namespace", namespace,
-            "--workers", str(workers), *FAST_FLAGS, *STATS_FLAGS]  # fmt: skip
+    return daemon_args(bootstrap, topic, redis_url, namespace, "--workers", str(workers))
 
 
 def children(pid: int) -> list[int]:

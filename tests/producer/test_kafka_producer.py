@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from kvcast.lab.bench.processes import DaemonProcess
-from kvcast.lab.bench.soak import FAST_FLAGS, STATS_FLAGS, Records, compare, wait_consumed
+from kvcast.lab.bench.soak import Records, compare, wait_consumed
 from kvcast.producer import EventBuilder, KafkaEventProducer
+from tests.support import start_daemon
 
 pytestmark = pytest.mark.integration
 
@@ -80,11 +80,7 @@ def test_chat_traffic_reaches_the_published_table_with_its_turns_recovered(
         event = json.loads(payload)
         turns[event["session_id"]].append(event["turn"])
     assert len(turns) == 300 and all(sorted(t) == [1, 2, 3] for t in turns.values())
-    daemon = DaemonProcess(
-        ["--source", f"kafka://{kafka_bootstrap}/{kafka_topic}", "--store", redis_url,
-         "--namespace", redis_namespace, *FAST_FLAGS, *STATS_FLAGS],
-        tmp_path / "daemon.log",
-    )  # fmt: skip
+    daemon = start_daemon(tmp_path, kafka_bootstrap, kafka_topic, redis_url, redis_namespace)
     try:
         wait_consumed(redis_client, redis_namespace, kafka_topic, records, 2)
         assert compare(daemon, records) == []

@@ -39,7 +39,7 @@ from kvcast.lab.bench.soak import (
     workload,
 )
 from tests.reliability.tally import TALLY
-from tests.support import produce, readiness
+from tests.support import daemon_args, produce, readiness, start_daemon
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -80,8 +80,7 @@ def test_kill_9_at_random_points_five_times(
     """Five kill -9 at seeded random moments under a steady load; every restart joins the
     group and resumes from its checkpoints; nothing is lost or counted twice."""
     rng = random.Random(9)
-    args = ["--source", f"kafka://{kafka_bootstrap}/{kafka_topic}", "--store", redis_url,
-            "--namespace", redis_namespace, *FAST_FLAGS, *STATS_FLAGS]  # fmt: skip
+    args = daemon_args(kafka_bootstrap, kafka_topic, redis_url, redis_namespace)
     producer = Producer(kafka_bootstrap, kafka_topic, workload(9000, seed=9), rate=250)
     daemons: list[DaemonProcess] = []
     try:
@@ -175,11 +174,7 @@ def test_broker_restarted_mid_stream(own_redis, durable_broker, tmp_path) -> Non
     rng = random.Random(51)
     producer = Producer(broker.address, topic, workload(7000, seed=51), rate=200)  # 35 s
     producer.start()  # while the daemon starts
-    daemon = DaemonProcess(
-        ["--source", f"kafka://{broker.address}/{topic}", "--store", own_redis.url,
-         "--namespace", namespace, *FAST_FLAGS, *STATS_FLAGS],
-        tmp_path / "daemon.log",
-    )  # fmt: skip
+    daemon = start_daemon(tmp_path, broker.address, topic, own_redis.url, namespace)
     client = own_redis.client()
     kills = (signal.SIGKILL, signal.SIGTERM, signal.SIGKILL)
     while_sending = 0
@@ -243,11 +238,7 @@ def test_clock_jumps_in_event_time(
     sequence = [*lines[:800], *far_past, *lines[800:1600], *far_future, *lines[1600:]]
     records: Records = []
     produce(kafka_bootstrap, kafka_topic, sequence, records)
-    daemon = DaemonProcess(
-        ["--source", f"kafka://{kafka_bootstrap}/{kafka_topic}", "--store", redis_url,
-         "--namespace", redis_namespace, *FAST_FLAGS, *STATS_FLAGS],
-        tmp_path / "daemon.log",
-    )  # fmt: skip
+    daemon = start_daemon(tmp_path, kafka_bootstrap, kafka_topic, redis_url, redis_namespace)
     try:
         wait_consumed(redis_client, redis_namespace, kafka_topic, records, 4)
         expected_late = 0

@@ -16,10 +16,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from kvcast.lab.bench.processes import DaemonProcess
-from kvcast.lab.bench.soak import FAST_FLAGS, STATS_FLAGS, Records, compare, wait_consumed, workload
+from kvcast.lab.bench.soak import Records, compare, wait_consumed, workload
 from tests.reliability.tally import TALLY
-from tests.support import produce
+from tests.support import produce, start_daemon
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -50,11 +49,7 @@ def test_an_event_in_milliseconds_is_future_and_the_table_keeps_its_states(
     )  # fmt: skip
     records: Records = []
     produce(kafka_bootstrap, kafka_topic, [*lines[:800], in_milliseconds, *lines[800:]], records)
-    daemon = DaemonProcess(
-        ["--source", f"kafka://{kafka_bootstrap}/{kafka_topic}", "--store", redis_url,
-         "--namespace", redis_namespace, *FAST_FLAGS, *STATS_FLAGS],
-        tmp_path / "daemon.log",
-    )  # fmt: skip
+    daemon = start_daemon(tmp_path, kafka_bootstrap, kafka_topic, redis_url, redis_namespace)
     try:
         wait_consumed(redis_client, redis_namespace, kafka_topic, records, 2)
         assert compare(daemon, records) == []

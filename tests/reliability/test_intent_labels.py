@@ -14,12 +14,12 @@ from pathlib import Path
 import orjson
 import pytest
 
-from kvcast.lab.bench.processes import DaemonProcess, wait_until
-from kvcast.lab.bench.soak import FAST_FLAGS, STATS, STATS_FLAGS, Records, workload
+from kvcast.lab.bench.processes import wait_until
+from kvcast.lab.bench.soak import STATS, Records, workload
 from kvcast.stats.replay import offline_statistics
 from kvcast.stats.taxonomy import label_map
 from tests.reliability.tally import TALLY
-from tests.support import produce, readiness
+from tests.support import produce, readiness, start_daemon
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -50,12 +50,8 @@ def test_junk_intents_sent_first_cannot_squat_the_table(
     own.write_text("\n".join(OWN) + "\n")
     records: Records = []
     produce(kafka_bootstrap, kafka_topic, squatting_then_real(1200), records)
-    daemon = DaemonProcess(
-        ["--source", f"kafka://{kafka_bootstrap}/{kafka_topic}", "--store", redis_url,
-         "--namespace", redis_namespace, "--taxonomy-file", str(own),
-         *FAST_FLAGS, *STATS_FLAGS],
-        tmp_path / "daemon.log",
-    )  # fmt: skip
+    daemon = start_daemon(tmp_path, kafka_bootstrap, kafka_topic, redis_url, redis_namespace,
+                          "--taxonomy-file", str(own))  # fmt: skip
     try:
         snapshot, _ = offline_statistics(records, STATS, label_map(30, OWN))
         expected = {(s.intent, s.turn): s.conversations for s in snapshot.states}

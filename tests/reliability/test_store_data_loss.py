@@ -12,10 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kvcast.lab.bench.processes import DaemonProcess, OwnRedis, wait_until
+from kvcast.lab.bench.processes import OwnRedis, wait_until
 from kvcast.lab.bench.soak import (
-    FAST_FLAGS,
-    STATS_FLAGS,
     Records,
     compare,
     stored_offsets,
@@ -24,7 +22,7 @@ from kvcast.lab.bench.soak import (
 )
 from tests.reliability.tally import TALLY
 from tests.services import missing
-from tests.support import produce, readiness
+from tests.support import produce, readiness, start_daemon
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -58,11 +56,7 @@ def test_a_quiet_partition_is_rebuilt_after_redis_lost_its_data(
     records: Records = []
     produce(kafka_bootstrap, kafka_topic, workload(1500, seed=41), records)
     assert {partition for partition, _, _ in records} == {0, 1}
-    daemon = DaemonProcess(
-        ["--source", f"kafka://{kafka_bootstrap}/{kafka_topic}", "--store", redis.url,
-         "--namespace", namespace, *FAST_FLAGS, *STATS_FLAGS],
-        tmp_path / "daemon.log",
-    )  # fmt: skip
+    daemon = start_daemon(tmp_path, kafka_bootstrap, kafka_topic, redis.url, namespace)
     client = redis.client()
     try:
         wait_consumed(client, namespace, kafka_topic, records, 2)

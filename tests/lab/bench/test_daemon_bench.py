@@ -17,9 +17,12 @@ from kvcast.lab.bench.daemon_bench import (
 
 pytestmark = pytest.mark.integration
 
+# These tests count the commands a Redis served: each runs its own Redis (``own_redis``), so
+# that other tests, in the other pytest-xdist worker, do not add theirs to the count.
 
-def test_redis_work_counts_every_command_including_its_own_reading(redis_url: str) -> None:
-    client = redis.Redis.from_url(redis_url)
+
+def test_redis_work_counts_every_command_including_its_own_reading(own_redis) -> None:
+    client = redis.Redis.from_url(own_redis.url)
     commands_before, cpu_before = _redis_work(client)
     for _ in range(100):
         client.ping()
@@ -29,8 +32,8 @@ def test_redis_work_counts_every_command_including_its_own_reading(redis_url: st
     assert cpu_after >= cpu_before
 
 
-def test_redis_work_since_leaves_out_its_own_reading(redis_url: str) -> None:
-    client = redis.Redis.from_url(redis_url)
+def test_redis_work_since_leaves_out_its_own_reading(own_redis) -> None:
+    client = redis.Redis.from_url(own_redis.url)
     before = _redis_work(client)
     for _ in range(100):
         client.ping()
@@ -40,10 +43,10 @@ def test_redis_work_since_leaves_out_its_own_reading(redis_url: str) -> None:
 
 @pytest.mark.parametrize("partitions", [1, 4])
 def test_the_daemon_run_reports_its_rate_and_the_redis_load_it_caused(
-    kafka_bootstrap: str, redis_url: str, partitions: int
+    kafka_bootstrap: str, own_redis, partitions: int
 ) -> None:
     topic, count = _produce(kafka_bootstrap, conversations=1_500, partitions=partitions)
-    run = _daemon_throughput(kafka_bootstrap, redis_url, topic, count, partitions)
+    run = _daemon_throughput(kafka_bootstrap, own_redis.url, topic, count, partitions)
     assert run.partitions == partitions
     assert run.events_per_s > 0
     # Commits carry per-bucket and per-second counters (HINCRBYs inside one script), so the
@@ -53,8 +56,9 @@ def test_the_daemon_run_reports_its_rate_and_the_redis_load_it_caused(
 
 
 def test_a_publisher_refresh_reads_the_committed_window_and_reports_its_cost(
-    redis_url: str,
+    own_redis,
 ) -> None:
+    redis_url = own_redis.url
     # 10,000 conversations at 5/s span more than the 1,800 s completion timeout, so the
     # committed window holds completed conversations for the refresh to read.
     with _committed_workload(redis_url, conversations=10_000) as workload:
