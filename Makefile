@@ -36,10 +36,14 @@ test: $(STAMP)
 	bash scripts/services.sh run $(BIN)/pytest $(PYTEST_ARGS)
 	$(MAKE) test-engines
 
-# The adapters against vLLM's released wheel, in a venv of its own (scripts/engine_venv.sh).
+# The adapters against the engines' released wheels, each in a venv of its own
+# (scripts/engine_venv.sh); KVCAST_ENGINE_TESTS names the engine that venv must have.
+ENGINE_PYTEST = -m pytest -p no:cacheprovider --confcutdir=tests/engines tests/engines
 test-engines:
-	bash scripts/engine_venv.sh .venv-engines
-	KVCAST_ENGINE_TESTS=1 .venv-engines/bin/python -m pytest -p no:cacheprovider --confcutdir=tests/engines tests/engines
+	bash scripts/engine_venv.sh vllm .venv-vllm
+	KVCAST_ENGINE_TESTS=vllm .venv-vllm/bin/python $(ENGINE_PYTEST)
+	bash scripts/engine_venv.sh sglang .venv-sglang
+	KVCAST_ENGINE_TESTS=sglang .venv-sglang/bin/python $(ENGINE_PYTEST)
 
 # The deploy/ checks alone (tests/deploy; promtool, kubectl, ... installed first when missing).
 check-deploy: $(STAMP)
@@ -57,4 +61,4 @@ bench: $(STAMP)
 
 clean:
 	bash scripts/services.sh stop
-	rm -rf .services $(VENV) .venv-engines .pytest_cache .ruff_cache .hypothesis
+	rm -rf .services $(VENV) .venv-vllm .venv-sglang .pytest_cache .ruff_cache .hypothesis

@@ -1,18 +1,22 @@
 """Entry points that engines load by themselves: kvcast installed with no edit of the engine.
 
-``vllm.general_plugins`` (``pyproject.toml``) names :func:`register_vllm`; vLLM calls it in
-each of its processes before it builds a block pool. It imports only the engine-side client
-and adapters (standard library only) and, when called, vLLM itself.
+``pyproject.toml`` names :func:`register_vllm` in ``vllm.general_plugins`` (vLLM calls it in
+each of its processes before it builds a block pool) and :func:`register_sglang` in
+``sglang.srt.plugins`` (SGLang's ``load_plugins()`` calls it in each of its processes before
+the scheduler builds its cache). This module imports only the engine-side client and adapters
+(standard library only) and, when called, the engine itself.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
+from kvcast.exporters.adapters import sglang
 from kvcast.exporters.adapters.vllm import IACFreeBlockQueue, tagging_free
 from kvcast.exporters.client import TableClient
 
-__all__ = ["TABLE_ENV", "register_vllm"]
+__all__ = ["TABLE_ENV", "register_sglang", "register_vllm"]
 
 TABLE_ENV = "KVCAST_TABLE"  # the table's URL: redis://HOST:PORT, http://HOST:9400, a file path
 
@@ -34,3 +38,27 @@ def register_vllm() -> None:
     block_pool.FreeKVCacheBlockQueue = IACFreeBlockQueue.bound(client)
     manager = kv_cache_manager.KVCacheManager
     manager.free = tagging_free(manager.free)
+
+
+def register_sglang() -> None:
+    """Make ``--radix-cache-backend kvcast`` a name SGLang knows. Selecting it builds SGLang's
+    default cache on the Python tree core with kvcast installed, bound to a ``TableClient`` of
+    ``KVCAST_TABLE`` (:func:`kvcast.exporters.adapters.sglang.build_cache`); without the flag,
+    nothing changes."""
+    from sglang.srt.mem_cache.registry import (
+        register_radix_cache_backend,
+        registered_radix_cache_backends,
+    )
+
+    if sglang.BACKEND_NAME not in registered_radix_cache_backends():
+        register_radix_cache_backend(sglang.BACKEND_NAME, _sglang_cache)
+
+
+def _sglang_cache(context: Any) -> Any:
+    url = os.environ.get(TABLE_ENV)
+    if not url:
+        raise ValueError(
+            f"--radix-cache-backend {sglang.BACKEND_NAME} needs the table's URL in {TABLE_ENV} "
+            "(redis://HOST:PORT, http://HOST:9400 or a file path)"
+        )
+    return sglang.build_cache(context, TableClient(url).start())

@@ -127,6 +127,15 @@ LAZY_THIRD_PARTY = {
         "kvcast.exporters.adapters.sglang",
         "sglang.srt.mem_cache.evict_policy",
     ): "the engine being adapted (optional)",
+    # build_cache(): SGLang's own default cache factory, called from inside SGLang's registry.
+    (
+        "kvcast.exporters.adapters.sglang",
+        "sglang.srt.mem_cache.registry",
+    ): "the engine being adapted (its cache factory)",
+    ("kvcast.exporters.adapters.sglang", "sglang.srt.runtime_context"): "the engine's flags",
+    # register_sglang(): SGLang's plugin entry point, which only SGLang itself calls, registers
+    # the `kvcast` radix-cache backend.
+    ("kvcast.exporters.plugins", "sglang.srt.mem_cache.registry"): "the engine being adapted",
     # register_vllm(): vLLM's plugin entry point, which only vLLM itself calls, replaces the
     # block pool's queue class and wraps KVCacheManager.free.
     ("kvcast.exporters.plugins", "vllm.v1.core"): "the engine being adapted (its plugin)",

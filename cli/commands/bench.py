@@ -17,10 +17,12 @@ from kvcast.lab.bench.throughput import run_throughput
 from kvcast.lab.reports.validation import ValidationGrid, measure_speed, run_validation
 
 SUITES = (
-    "throughput", "solver", "client", "tap", "classifier", "policies", "validation", "daemon"
+    "throughput", "solver", "client", "tap", "classifier", "policies", "validation", "daemon",
+    "engines",
 )  # fmt: skip
-# "classifier" loads the model, "policies" and "validation" take minutes and "daemon" needs a
-# broker and a Redis: ask for them by name.
+# "classifier" loads the model, "policies" and "validation" take minutes, "daemon" needs a
+# broker and a Redis and "engines" the engines' venvs (scripts/engine_venv.sh): ask for them
+# by name.
 DEFAULT_SUITES = ("throughput", "solver", "client")
 
 
@@ -109,6 +111,15 @@ def bench(
         classifier = run_classifier_bench()
         results["classifier"] = classifier.to_dict()
         rows += classifier.rows()
+    if "engines" in chosen:
+        from kvcast.lab.bench.engines import EngineBenchError, run_engine_benches
+
+        try:
+            engines = run_engine_benches()
+        except EngineBenchError as exc:
+            raise click.ClickException(str(exc)) from exc
+        results["engines"] = engines
+        rows += [tuple(row) for figures in engines.values() for row in figures["rows"]]
     if "policies" in chosen:
         from kvcast.lab.reports.policy_report import run_policy_report
 

@@ -1,109 +1,202 @@
-"""SGLang radix-cache eviction by the IAC priority (SGLang is not a dependency of kvcast).
+"""kvcast inside SGLang 0.5.23: the prefix cache evicts by the table (SGLang is not a
+dependency of kvcast; everything SGLang is imported inside the functions that need it).
 
-SGLang's ``RadixCache.evict`` heapifies ``(eviction_strategy.get_priority(node), node)`` over
-its evictable leaves, pops the lowest, frees ``len(node.value)`` tokens, and pushes the parent
-once it has become a leaf. :class:`IACStrategy` is such a strategy: its ``get_priority``
-returns the IAC tuple ``(1[age < M(i, t)], P(t+1 | i, t), size)``, lowest evicted first.
+How SGLang evicts. Its default prefix cache is a ``UnifiedRadixCache`` whose tree lives in a
+*tree core*: Rust by default, or Python. The Python tree core evicts from a heap of the
+evictable leaves keyed by ``tree_core.eviction_strategy.get_priority(node)``, lowest first, and
+pushes a parent once it has become a leaf (the older ``RadixCache`` does the same with
+``cache.eviction_strategy``). The Rust tree core runs only its own native strategies (LRU, LFU,
+FIFO, MRU, FILO, priority, SLRU, T-LRU): it never calls Python per node, so kvcast runs the
+cache on the Python tree core, and everything else SGLang builds stays as it is.
 
-What it reads from a node (names as in SGLang's ``TreeNode``):
+What kvcast adds:
 
-- ``last_access_time``: ``time.monotonic()`` seconds when the node was cached or last used;
-  the age is ``now - last_access_time`` (the attribute is configurable, e.g. ``creation_time``);
-- ``value``: the node's KV indices, one per token, so ``len(value)`` is its size in tokens;
-- ``iac_intent`` / ``iac_turn``: the state of the request that last cached or reused it,
-  set by the engine with :func:`tag_path` after inserting a request. An untagged node (no
-  request metadata) gets the table's defaults. A custom ``state_of`` may replace the tags.
+- :class:`IACStrategy`, an SGLang ``EvictionStrategy`` ranking by the table's IAC tuple;
+- tags: when SGLang releases a request (``on_release(req, checkpointed=True)``, after the
+  request's tokens went into the tree and ``req.last_node`` is the node they ended on), the
+  path from that node to the root takes the request's state, read from
+  ``req.sampling_params.custom_params`` (``kvcast_intent``, ``kvcast_turn``; the OpenAI API's
+  ``custom_params``), and its release time. A request without a state leaves its path
+  untagged, as does anything inserted outside a request;
+- :func:`build_cache`: SGLang's default cache with the two above, which
+  ``--radix-cache-backend kvcast`` builds (registered by
+  :func:`kvcast.exporters.plugins.register_sglang`); :func:`install` for a cache built by hand.
+
+The order. Untagged nodes go first, among themselves in SGLang's LRU order, so that a cache
+with nothing tagged evicts exactly as stock. Tagged nodes follow, by the IAC tuple of SPEC
+section 5: ``(1[age < M(i, t)], P(t+1 | i, t), size in tokens)``, the age in seconds since the
+release. The table is looked up once per released request; a refreshed table revalues every
+state at the next eviction.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
-from kvcast.stats.priority import Priority, PriorityIndex
+from kvcast.exporters.adapters.request_state import HasIndex, live_table, state_from
+from kvcast.stats.priority import PriorityIndex
 
-__all__ = ["INTENT_ATTR", "TURN_ATTR", "IACStrategy", "TreeNodeLike", "install", "tag_path"]
+__all__ = [
+    "BACKEND_NAME",
+    "TAG_ATTR",
+    "IACStrategy",
+    "RustTreeCoreError",
+    "build_cache",
+    "install",
+    "request_state",
+]
 
-INTENT_ATTR = "iac_intent"
-TURN_ATTR = "iac_turn"
-
-
-class TreeNodeLike(Protocol):
-    """The part of SGLang's ``TreeNode`` the strategy relies on."""
-
-    parent: Any  # None at the root
-    value: Any  # sized: one KV index per cached token
-    last_access_time: float  # time.monotonic() seconds
-
-
-class HasIndex(Protocol):
-    """A :class:`~kvcast.exporters.client.TableClient`, or anything holding the live index."""
-
-    index: PriorityIndex
+BACKEND_NAME = "kvcast"  # --radix-cache-backend kvcast
+TAG_ATTR = "kvcast_tag"  # on a tree node: (its state, released at: strategy clock s) or None
+UNTAGGED = -1  # first element of an untagged node's key: below every tagged one (0 or 1)
+_MAX_STATES = 4_096  # (intent, turn) pairs valued per table: requests choose them
 
 
-class _Fixed:
-    __slots__ = ("index",)
-
-    def __init__(self, index: PriorityIndex) -> None:
-        self.index = index
+class RustTreeCoreError(TypeError):
+    """The cache's tree core is SGLang's Rust one, which cannot call a Python strategy."""
 
 
-def _tag_state(node: Any) -> tuple[Any, int]:
-    return getattr(node, INTENT_ATTR, None), getattr(node, TURN_ATTR, 0)
+class _State:
+    """One (intent, turn) state's table values, shared by every node tagged with it."""
+
+    __slots__ = ("key", "median_s", "p")
+
+    def __init__(self, key: tuple[str, int] | None) -> None:
+        self.key = key  # None: the table's defaults
+        self.median_s = 0.0
+        self.p = 0.0
 
 
-def tag_path(node: Any, intent: str, turn: int) -> int:
-    """Tag ``node`` and its ancestors (not the root) with a request's state; returns the count.
-
-    Call it with the last node of a request's cached prefix once the request is inserted: the
-    whole path now waits for that conversation's next turn, so it takes that request's state.
-    """
-    tagged = 0
-    while node is not None and node.parent is not None:
-        setattr(node, INTENT_ATTR, intent)
-        setattr(node, TURN_ATTR, turn)
-        tagged += 1
-        node = node.parent
-    return tagged
+def request_state(req: Any) -> tuple[str | None, int]:
+    """``(intent, turn)`` of an SGLang ``Req``, from ``sampling_params.custom_params``."""
+    params = getattr(req, "sampling_params", None)
+    return state_from(getattr(params, "custom_params", None))
 
 
 class IACStrategy:
-    """An SGLang ``EvictionStrategy``: ``get_priority(node) -> (recency, p_continue, size)``.
+    """An SGLang ``EvictionStrategy``: ``get_priority(node)``, lowest evicted first.
 
-    ``table``: a ``TableClient`` (its current index is read on every call, so a refreshed
-    table applies from the next eviction) or a fixed :class:`PriorityIndex`. ``clock`` must be
-    the clock of ``time_attr`` (SGLang: ``time.monotonic``).
+    ``table``: a ``TableClient`` (its current index is read at each eviction) or a fixed
+    :class:`PriorityIndex`. ``clock``: seconds, the clock release times are taken on (an
+    attribute: tests replace it).
     """
 
     def __init__(
-        self,
-        table: HasIndex | PriorityIndex,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        time_attr: str = "last_access_time",
-        state_of: Callable[[Any], tuple[Any, int]] = _tag_state,
+        self, table: HasIndex | PriorityIndex, *, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self._table: HasIndex = _Fixed(table) if isinstance(table, PriorityIndex) else table
-        self._clock = clock
-        self._time_attr = time_attr
-        self._state_of = state_of
+        self._table = live_table(table)
+        self.clock = clock
+        self._index: PriorityIndex | None = None
+        self._states: dict[tuple[str, int] | None, _State] = {}
+        self._default = self._states[None] = _State(None)
+        self._sync()
 
-    def get_priority(self, node: Any, now_time: float | None = None) -> Priority:
-        """The node's IAC sort key at ``now_time`` (default: now); lowest is evicted first."""
-        intent, turn = self._state_of(node)
-        now = self._clock() if now_time is None else now_time
-        age_s = now - getattr(node, self._time_attr)
-        return self._table.index.priority(intent, turn, age_s, len(node.value))
+    def get_priority(self, node: Any) -> tuple[Any, ...]:
+        """``(-1, last_access_time)`` untagged, else ``(recency, P(t+1 | i, t), size)``."""
+        tag = node.__dict__.get(TAG_ATTR)  # no AttributeError raised and caught per node
+        if tag is None:
+            return (UNTAGGED, node.last_access_time)
+        if self._table.index is not self._index:
+            self._sync()
+        state, released_at = tag
+        recent = 1 if self.clock() - released_at < state.median_s else 0
+        return (recent, state.p, len(node.key))
+
+    def tag(
+        self, node: Any, intent: str | None, turn: int, released_at: float | None = None
+    ) -> int:
+        """Give ``node`` and its ancestors (not the root) a state; ``intent=None`` untags them.
+        ``released_at``: clock seconds, default now. Returns the number of nodes."""
+        if intent is None:
+            tag = None
+        else:
+            tag = (self._state(intent, turn), self.clock() if released_at is None else released_at)
+        count = 0
+        while node is not None and node.parent is not None:
+            setattr(node, TAG_ATTR, tag)
+            node = node.parent
+            count += 1
+        return count
+
+    def tag_request(self, cache: Any, req: Any) -> int:
+        """Tag the path a released request's tokens ended on with the request's state."""
+        node = _node_of(cache, getattr(req, "last_node", None))
+        if node is None:
+            return 0
+        intent, turn = request_state(req)
+        return self.tag(node, intent, turn)
+
+    def _state(self, intent: str, turn: int) -> _State:
+        index = self._table.index
+        if index is not self._index:
+            self._sync()
+        key = (intent, min(turn, index.max_turn))
+        found = self._states.get(key)
+        if found is None:
+            if len(self._states) >= _MAX_STATES and not index.listed(*key):
+                return self._default
+            found = self._states[key] = _State(key)
+            _value(found, index)
+        return found
+
+    def _sync(self) -> None:
+        """Every state takes the values of the table now."""
+        index = self._table.index
+        self._index = index
+        for state in self._states.values():
+            _value(state, index)
 
 
-def install(radix_cache: Any, table: HasIndex | PriorityIndex, **options: Any) -> IACStrategy:
-    """Make a live SGLang ``RadixCache`` evict by IAC; returns the strategy.
+def _value(state: _State, index: PriorityIndex) -> None:
+    if state.key is None:
+        state.median_s, state.p = index.default_median_s, index.default_p
+    else:
+        state.median_s, state.p = index.state(*state.key)
 
-    Replaces ``radix_cache.eviction_strategy``; where SGLang is importable the strategy is
-    also registered as a virtual subclass of its ``EvictionStrategy``.
+
+def _node_of(cache: Any, handle: Any) -> Any:
+    """The tree node behind ``req.last_node``: a node (``RadixCache``) or a node id
+    (``UnifiedRadixCache``); None when it is gone or there is none."""
+    if handle is None or not isinstance(handle, int):
+        return handle
+    try:
+        return cache.tree_core.node_by_id(handle)
+    except (KeyError, AttributeError):
+        return None
+
+
+def _tagging_release(on_release: Callable[..., None], cache: Any, strategy: IACStrategy) -> Any:
+    """``cache.on_release`` that tags a checkpointed request's path once SGLang is done."""
+
+    def on_release_tagged(req: Any, *, checkpointed: bool) -> None:
+        on_release(req, checkpointed=checkpointed)
+        if checkpointed:
+            strategy.tag_request(cache, req)
+
+    on_release_tagged.__wrapped__ = on_release  # type: ignore[attr-defined]
+    return on_release_tagged
+
+
+def install(cache: Any, table: HasIndex | PriorityIndex, **options: Any) -> IACStrategy:
+    """Make a built SGLang cache evict by the table; returns the strategy.
+
+    ``cache``: a ``UnifiedRadixCache`` on the Python tree core (``CacheInitParams(...,
+    tree_core_backend="python")`` or ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python``), or a
+    ``RadixCache``. Raises :class:`RustTreeCoreError` on the Rust tree core, ``ValueError``
+    when kvcast is installed already. ``options`` go to :class:`IACStrategy`.
     """
+    owner = getattr(cache, "tree_core", cache)
+    if not hasattr(owner, "eviction_strategy"):
+        raise RustTreeCoreError(
+            f"{type(owner).__name__} keeps its eviction strategy in Rust and cannot rank by "
+            "kvcast's table: build the cache on the Python tree core (CacheInitParams("
+            "tree_core_backend='python') or SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python), "
+            "or start SGLang with --radix-cache-backend kvcast"
+        )
+    if isinstance(owner.eviction_strategy, IACStrategy):
+        raise ValueError("kvcast is already installed in this cache")
     try:
         from sglang.srt.mem_cache.evict_policy import EvictionStrategy
     except ImportError:
@@ -111,5 +204,37 @@ def install(radix_cache: Any, table: HasIndex | PriorityIndex, **options: Any) -
     else:
         EvictionStrategy.register(IACStrategy)
     strategy = IACStrategy(table, **options)
-    radix_cache.eviction_strategy = strategy
+    owner.eviction_strategy = strategy
+    for component in getattr(cache, "components", {}).values():
+        # The Python tree core's full-KV component binds get_priority at its first eviction.
+        if getattr(component, "session_ref_eviction_strategy", None) is not None and not getattr(
+            cache, "enable_session_radix_cache", False
+        ):
+            component.session_ref_eviction_strategy = None
+    cache.on_release = _tagging_release(cache.on_release, cache, strategy)
     return strategy
+
+
+def build_cache(context: Any, table: HasIndex | PriorityIndex) -> Any:
+    """The cache SGLang builds by default for ``context`` (its ``TreeCacheBuildContext``),
+    on the Python tree core, with kvcast installed: the ``--radix-cache-backend kvcast``
+    factory."""
+    from sglang.srt.mem_cache.registry import create_unified_radix_cache
+    from sglang.srt.runtime_context import get_memory
+
+    memory = get_memory()
+    for flag in ("enable_lmcache", "enable_flexkv"):
+        if getattr(memory, flag, False):
+            raise ValueError(
+                f"--radix-cache-backend {BACKEND_NAME} builds SGLang's UnifiedRadixCache; "
+                f"--{flag.replace('_', '-')} selects another cache: use one or the other"
+            )
+    if context.is_hybrid_swa and context.full_tokens_per_layer == 0:
+        raise ValueError(
+            f"--radix-cache-backend {BACKEND_NAME}: a pure sliding-window model gets SGLang's "
+            "PureSWARadixCache, which has no eviction strategy to replace"
+        )
+    context.params.tree_core_backend = "python"
+    cache = create_unified_radix_cache(context)
+    install(cache, table)
+    return cache

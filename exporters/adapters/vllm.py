@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kvcast.exporters.adapters.sglang import HasIndex
+from kvcast.exporters.adapters.request_state import INTENT_KEY, TURN_KEY, HasIndex, state_from
 from kvcast.exporters.adapters.vllm_queue import IACFreeBlockQueue
 from kvcast.stats.priority import PriorityIndex
 
@@ -24,25 +24,13 @@ __all__ = [
     "tagging_free",
 ]
 
-INTENT_KEY = "kvcast_intent"  # in the request's sampling_params.extra_args (vllm_xargs)
-TURN_KEY = "kvcast_turn"
-
 
 def request_state(request: Any) -> tuple[str | None, int]:
     """``(intent, turn)`` from a vLLM ``Request``'s ``sampling_params.extra_args`` (the
     OpenAI API's ``vllm_xargs``: ``{"kvcast_intent": "code_debugging", "kvcast_turn": 3}``);
     ``(None, 0)`` when the request carries no intent or a turn that is not a positive int."""
     params = getattr(request, "sampling_params", None)
-    extra = getattr(params, "extra_args", None) or {}
-    intent = extra.get(INTENT_KEY)
-    turn = extra.get(TURN_KEY, 1)
-    if isinstance(turn, str) and turn.isdigit():
-        turn = int(turn)
-    if not isinstance(intent, str) or isinstance(turn, bool) or not isinstance(turn, int):
-        return None, 0
-    if turn < 1:
-        return None, 0
-    return intent, turn
+    return state_from(getattr(params, "extra_args", None))
 
 
 def tagging_free(free: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:

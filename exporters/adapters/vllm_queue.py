@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from kvcast.exporters.adapters.sglang import HasIndex, _Fixed
+from kvcast.exporters.adapters.request_state import HasIndex, live_table
 from kvcast.stats.priority import PriorityIndex
 
 __all__ = ["IACFreeBlockQueue"]
@@ -103,7 +103,7 @@ class IACFreeBlockQueue:
         table = table if table is not None else self._bound_table
         if table is None:
             table = PriorityIndex(None)
-        self._table: HasIndex = _Fixed(table) if isinstance(table, PriorityIndex) else table
+        self._table: HasIndex = live_table(table)
         self._clock = clock
         self.num_free_blocks = 0
         self.fake_free_list_head, self.fake_free_list_tail = _empty_list()

@@ -2,7 +2,7 @@
 
 Run it with the engines' venv (``scripts/engine_venv.sh``)::
 
-    .venv-engines/bin/python -m kvcast.lab.bench.engine_bench
+    .venv-vllm/bin/python -m kvcast.lab.bench.engine_bench
 
 A real ``vllm.v1.core.block_pool.BlockPool`` of 100,000 blocks (16 tokens each) hands out
 64-block requests (``get_new_blocks``) until it is full, the blocks get hashes (as vLLM's
@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from kvcast.exporters.adapters.vllm import replace_queue
 from kvcast.stats.priority import PriorityIndex
@@ -49,6 +50,9 @@ class EngineBenchResult:
                     )
                 )
         return rows
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
 
 
 def _table(states: int, seed: int) -> PriorityIndex:
@@ -124,8 +128,12 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=100_000)
     parser.add_argument("--request-blocks", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", action="store_true", help="one JSON object of figures")
     args = parser.parse_args()
     result = run_engine_bench(args.blocks, args.request_blocks, args.repeats)
+    if args.json:
+        print(json.dumps({"rows": result.rows(), **result.to_dict()}))
+        return
     print(f"{result.blocks:,} blocks, {result.request_blocks}-block requests, best of "
           f"{args.repeats}")  # fmt: skip
     for row in result.rows():

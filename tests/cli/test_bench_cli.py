@@ -104,3 +104,13 @@ def test_bad_options_are_refused_by_name(args: list[str], named: str) -> None:
     code, output = _bench(*args)
     assert code == 2
     assert named in output
+
+
+def test_the_engines_suite_names_the_missing_venv_and_how_to_build_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("KVCAST_BENCH_VLLM_PYTHON", str(tmp_path / "no-venv" / "python"))
+    code, output = _bench("--suite", "engines")
+    assert code != 0
+    assert "vllm: no interpreter at" in output
+    assert "scripts/engine_venv.sh vllm" in output

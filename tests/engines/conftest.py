@@ -1,10 +1,11 @@
-"""The adapters against the engines' released code: run in the engines' own venv.
+"""The adapters against the engines' released code: each engine's tests run in its own venv.
 
-``scripts/engine_venv.sh`` builds ``.venv-engines`` (vLLM 0.33.0 with --no-deps and what its
-cache modules import); ``make test-engines`` (part of ``make test``) runs these tests there
-with ``KVCAST_ENGINE_TESTS=1``. In a venv without vLLM (the main one) they are not collected:
-the main suite does not install engines. With ``KVCAST_ENGINE_TESTS=1`` a missing vLLM is an
-error, never a silent skip.
+``scripts/engine_venv.sh vllm`` builds ``.venv-vllm`` (vLLM 0.33.0 with --no-deps and what its
+cache modules import), ``scripts/engine_venv.sh sglang`` builds ``.venv-sglang`` (SGLang 0.5.23
+likewise, on the torch its modules import); ``make test-engines`` (part of ``make test``) runs
+this folder in each with ``KVCAST_ENGINE_TESTS`` naming that venv's engine. An engine's tests
+are collected only where it is importable (the main venv installs neither); the engine that
+``KVCAST_ENGINE_TESTS`` names missing is an error, never a silent skip.
 """
 
 from __future__ import annotations
@@ -12,10 +13,17 @@ from __future__ import annotations
 import importlib.util
 import os
 
-HAS_VLLM = importlib.util.find_spec("vllm") is not None
-if not HAS_VLLM and os.environ.get("KVCAST_ENGINE_TESTS") == "1":
-    raise RuntimeError(
-        "KVCAST_ENGINE_TESTS=1 but vllm is not importable: build the venv with "
-        "scripts/engine_venv.sh and run the tests with .venv-engines/bin/python"
-    )
-collect_ignore_glob = [] if HAS_VLLM else ["test_vllm*.py"]
+ENGINES = ("vllm", "sglang")
+PRESENT = {engine: importlib.util.find_spec(engine) is not None for engine in ENGINES}
+
+_expected = os.environ.get("KVCAST_ENGINE_TESTS")
+if _expected is not None:
+    if _expected not in ENGINES:
+        raise RuntimeError(f"KVCAST_ENGINE_TESTS={_expected!r}: name one of {', '.join(ENGINES)}")
+    if not PRESENT[_expected]:
+        raise RuntimeError(
+            f"KVCAST_ENGINE_TESTS={_expected} but {_expected} is not importable: build its venv "
+            f"with scripts/engine_venv.sh {_expected} and run the tests with "
+            f".venv-{_expected}/bin/python"
+        )
+collect_ignore_glob = [f"test_{engine}*.py" for engine, present in PRESENT.items() if not present]
