@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from kvcast.daemon.classification import open_classifier
+from kvcast.daemon.engine_metrics import EngineScraper
 from kvcast.daemon.publisher import Publisher
 from kvcast.daemon.runner import Daemon
 from kvcast.daemon.settings import DaemonSettings
@@ -27,8 +28,11 @@ class Instance:
     publisher: Publisher
     store: InstrumentedStore
     classifier: Any | None
+    engine_scraper: EngineScraper | None = None
 
     def close(self) -> None:
+        if self.engine_scraper is not None:
+            self.engine_scraper.close()
         self.store.close()
         if self.classifier is not None:
             self.classifier.close()
@@ -74,6 +78,10 @@ def build_instance(
     )
     instrumented = InstrumentedStore(store)
     reports = [instrumented.metrics] + ([classifier.metrics] if classifier else [])
+    scraper = None
+    if settings.engine_metrics and publishing:  # the primary alone exports the engines' figures
+        scraper = EngineScraper(settings.engine_metrics, settings.engine_scrape_interval_s).start()
+        reports.append(scraper.metrics)
     publisher = Publisher(
         settings, instrumented, source.health, extra_metrics=reports, publishing=publishing
     )
@@ -84,4 +92,4 @@ def build_instance(
     daemon = Daemon(
         settings, instrumented, source, publisher, labeller=labeller, status_out=status_out
     )
-    return Instance(daemon, publisher, instrumented, classifier)
+    return Instance(daemon, publisher, instrumented, classifier, scraper)

@@ -64,6 +64,9 @@ class DaemonSettings:
     kafka_ssl_cafile: str | None = None
     kafka_ssl_certfile: str | None = None
     kafka_ssl_keyfile: str | None = None
+    # Engines' Prometheus endpoints (http://HOST:PORT/metrics), scraped every interval.
+    engine_metrics: tuple[str, ...] = ()
+    engine_scrape_interval_s: float = 15.0
     stats: StatsConfig = field(default_factory=StatsConfig)
 
     def __post_init__(self) -> None:
@@ -112,9 +115,14 @@ class DaemonSettings:
             "shutdown_timeout_s",
             "max_backoff_s",
             "speedup",
+            "engine_scrape_interval_s",
         ):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be > 0, got {getattr(self, name)}")
+        for url in self.engine_metrics:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                problems.append(f"engine_metrics {url!r}: expected http://HOST:PORT/metrics")
         if self.classifier not in ("off", "auto", "on"):
             problems.append(f"classifier {self.classifier!r}: expected off, auto or on")
         if not self.classifier_budget_s > 0:

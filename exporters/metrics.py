@@ -5,7 +5,8 @@ metric families when Prometheus scrapes, so business code never calls a metrics 
 ``describe()`` is defined so registering the collector does not trigger a collection. Label
 cardinality is bounded:
 ``intent`` by the taxonomy (and ``--taxonomy-file``; any other is ``unknown``), ``turn`` by
-``max_turn`` (32), ``reason`` by the fixed rejection reasons, ``target`` by configuration.
+``max_turn`` (32), ``reason`` by the fixed rejection reasons, ``target`` by configuration,
+``engine`` and ``model`` by the ``--engine-metrics`` endpoints and the models they serve.
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "gauge",
         "Hit ratio engines reported via cached_tokens over the rate window (0-1).",
         (),
+    ),
+    "kvcast_engine_hit_ratio": (
+        "gauge",
+        "Prefix-cache hit ratio an engine reports, over its last scrapes (0-1).",
+        ("engine", "model"),
     ),
     "kvcast_characteristic_time_seconds": ("gauge", "LRU characteristic time T_C (seconds).", ()),
     "kvcast_conversation_arrival_rate": (
@@ -202,6 +208,10 @@ class KvcastCollector(Collector):
         store_state = view.components.get("store")
         families["kvcast_store_up"].add_metric([], 1.0 if store_state == "ok" else 0.0)
         families["kvcast_build"].add_metric([], {"version": self._version})
+        for engine in view.engines:
+            families["kvcast_engine_hit_ratio"].add_metric(
+                [engine["engine"], engine["model"]], float(engine["hit_ratio"])
+            )
         self._classifier(view.classifier, families)
         for operation, latency in view.store_latency.items():
             families["kvcast_store_operation_seconds"].add_metric(

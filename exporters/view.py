@@ -35,3 +35,6 @@ class MetricsView:
     components: dict[str, str] = field(default_factory=dict)
     store_latency: dict[str, Histogram] = field(default_factory=dict)
     classifier: dict[str, Any] | None = None
+    # --engine-metrics: [{"engine": host:port, "model", "hit_ratio"}] and each URL's state
+    engines: list[dict[str, Any]] = field(default_factory=list)
+    engine_states: dict[str, str] = field(default_factory=dict)

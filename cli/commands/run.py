@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 import orjson
+from click.core import ParameterSource
 
 from kvcast.cli.demo import demo_source
 from kvcast.cli.options import (
@@ -34,6 +35,7 @@ from kvcast.cli.options import (
     stats_options,
 )
 from kvcast.cli.secrets import hide_secrets_from_process_title, read_secret, with_password
+from kvcast.daemon.engine_metrics import engine_capacity
 from kvcast.daemon.gc_tuning import tune_for_streaming
 from kvcast.daemon.instance import build_instance, open_store_and_source
 from kvcast.daemon.settings import MAX_WORKERS, DaemonSettings, redact_url
@@ -149,6 +151,12 @@ _RUN_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
     ("--kafka-ssl-cafile", "kafka_ssl_cafile", str, "CA certificate file for Kafka TLS."),
     ("--kafka-ssl-certfile", "kafka_ssl_certfile", str, "Client certificate file for Kafka TLS."),
     ("--kafka-ssl-keyfile", "kafka_ssl_keyfile", str, "Client key file for Kafka TLS."),
+    (
+        "--engine-scrape-interval",
+        "engine_scrape_interval_s",
+        Floats(min=0, min_open=True),
+        "Seconds between scrapes of the --engine-metrics endpoints.",
+    ),
     (
         "--speedup",
         "speedup",
@@ -281,6 +289,15 @@ def _run_options(command: Any) -> Any:
     show_envvar=True,
     help=TAXONOMY_FILE_HELP,
 )
+@click.option(
+    "--engine-metrics",
+    default=None,
+    envvar="KVCAST_ENGINE_METRICS",
+    show_envvar=True,
+    help="Engines' Prometheus endpoints, comma-separated (http://HOST:PORT/metrics): their hit "
+    "ratio is exported beside the forecast, and vLLM's capacity and block size are taken when "
+    "--capacity-blocks and --block-size are not given.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Status lines as JSON objects.")
 def run(log_level: str, as_json: bool, print_config: bool, **kwargs: Any) -> None:
     """Run the daemon: consume events, keep statistics, publish forecast and table."""
@@ -298,7 +315,10 @@ def run(log_level: str, as_json: bool, print_config: bool, **kwargs: Any) -> Non
         taxonomy_file = kwargs.pop("taxonomy_file")
         if taxonomy_file is not None:
             kwargs["extra_intents"] = read_taxonomy_file(taxonomy_file)
+        kwargs["engine_metrics"] = _engine_urls(kwargs.pop("engine_metrics"))
         settings = DaemonSettings(stats=stats, **kwargs)
+        if settings.engine_metrics:
+            settings = _capacity_from_engines(settings, click.get_current_context())
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     if print_config:
@@ -314,6 +334,36 @@ def run(log_level: str, as_json: bool, print_config: bool, **kwargs: Any) -> Non
         raise click.UsageError(str(exc)) from None
     tune_for_streaming()
     sys.exit(serve(settings, store, source, status_json=as_json, log_level=log_level))
+
+
+def _engine_urls(value: str | None) -> tuple[str, ...]:
+    return tuple(url.strip() for url in (value or "").split(",") if url.strip())
+
+
+def _capacity_from_engines(settings: DaemonSettings, ctx: click.Context) -> DaemonSettings:
+    """Capacity, block size and instances from vLLM's ``cache_config_info`` where no flag,
+    ``KVCAST_*`` variable or config key gave them (ValueError naming the endpoints)."""
+    given = {
+        name
+        for name in ("capacity_blocks", "block_size", "instances")
+        if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT
+    }
+    if {"capacity_blocks", "block_size"} <= given:
+        return settings
+    blocks, block_size, engines = engine_capacity(settings.engine_metrics)
+    changes: dict[str, Any] = {}
+    if "capacity_blocks" not in given:
+        changes["capacity_blocks"] = blocks
+    if "block_size" not in given:
+        changes["stats"] = dataclasses.replace(settings.stats, block_size=block_size)
+    if "instances" not in given:
+        changes["instances"] = engines
+    taken = {"capacity_blocks": blocks, "block_size": block_size, "instances": engines}
+    logging.getLogger(__name__).info(
+        "from the engines' vllm:cache_config_info: %s",
+        ", ".join(f"{name}={value}" for name, value in taken.items() if name not in given),
+    )
+    return dataclasses.replace(settings, **changes)
 
 
 def _read_password_files(kwargs: dict[str, Any]) -> None:

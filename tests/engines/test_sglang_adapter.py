@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+from array import array
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -319,3 +320,24 @@ def test_the_backend_refuses_flags_that_select_another_cache(
     args = publish_server_args(model, "--radix-cache-backend", "kvcast", "--enable-lmcache")
     with pytest.raises(ValueError, match="--enable-lmcache selects another cache"):
         build_engine(args)
+
+
+def readme_sglang_request() -> dict[str, Any]:
+    """The request body of the README's SGLang recipe (its curl line), as a user pastes it."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("### SGLang (0.5.23)") :]
+    body = section[section.index("-d '") + 4 :]
+    return json.loads(body[: body.index("'")])
+
+
+def test_the_readmes_request_reaches_the_req_through_sglangs_openai_protocol() -> None:
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    from kvcast.exporters.adapters.sglang import request_state
+
+    request = ChatCompletionRequest(**readme_sglang_request())
+    params = request.to_sampling_params(stop=[], model_generation_config={})
+    req = Req("r", "", array("q", [1, 2, 3]), SamplingParams(**params))
+    assert request_state(req) == ("code_debugging", 3)
