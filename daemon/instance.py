@@ -17,6 +17,7 @@ from kvcast.daemon.settings import DaemonSettings
 from kvcast.daemon.sources import EventSource, open_source
 from kvcast.daemon.stores import open_store
 from kvcast.daemon.stores.instrumented import InstrumentedStore
+from kvcast.exporters.dead_letter import DeadLetterSink
 from kvcast.stats.labeller import IntentLabeller
 
 
@@ -89,7 +90,17 @@ def build_instance(
         classify_batch=classifier.classify_batch if classifier else None,
         label_map=settings.label_map(),
     )
+    dead_letter = None
+    if settings.dead_letter_topic is not None:
+        bootstrap, topic = settings.dead_letter_target()
+        dead_letter = DeadLetterSink(bootstrap, topic, kafka_options=settings.kafka_options())
     daemon = Daemon(
-        settings, instrumented, source, publisher, labeller=labeller, status_out=status_out
+        settings,
+        instrumented,
+        source,
+        publisher,
+        labeller=labeller,
+        status_out=status_out,
+        dead_letter=dead_letter,
     )
     return Instance(daemon, publisher, instrumented, classifier, scraper)

@@ -26,6 +26,8 @@ from kvcast.daemon.rejection_log import RejectionLog
 from kvcast.daemon.settings import DaemonSettings
 from kvcast.daemon.sources.base import EventSource, Record
 from kvcast.daemon.stores import StaleOwner, StateStore, StoreUnavailable
+from kvcast.exporters.dead_letter import DeadLetterSink, DeadLetterUnavailable
+from kvcast.stats.engine import REJECTIONS_KEPT
 from kvcast.stats.ingest import IngestTarget, ingest
 from kvcast.stats.labeller import IntentLabeller
 from kvcast.stats.partition import PartitionDelta, PartitionEngine
@@ -48,6 +50,7 @@ class Daemon:
         labeller: IntentLabeller | None = None,
         status_out: TextIO | None = None,
         clock: Callable[[], float] = time.monotonic,
+        dead_letter: DeadLetterSink | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -72,6 +75,11 @@ class Daemon:
         self.events_seen = 0
         self._status_mark = (clock(), 0)
         self._rejection_log = RejectionLog(log, clock=clock)
+        self._dead_letter = dead_letter
+        self._store_down = False
+        self._dead_letter_down = False
+        if dead_letter is not None:
+            self.published.set_component("dead_letter", "ok")
         source.set_listener(self)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -99,6 +107,8 @@ class Daemon:
             self._rejection_log.flush()
             self.publisher.stop()
             self.source.close()
+            if self._dead_letter is not None:
+                self._dead_letter.close()
         return code
 
     def _step(self) -> None:
@@ -132,7 +142,11 @@ class Daemon:
                 break
             if self._clock() >= deadline:
                 lost = sum(d.offset - d.base_offset for q in self._queued.values() for d in q)
-                log.error("shutdown: store unreachable, %d applied events not stored", lost)
+                log.error(
+                    "shutdown: store or dead-letter topic unreachable, %d applied events not "
+                    "stored",
+                    lost,
+                )
                 return 1
             time.sleep(min(0.5, self.settings.max_backoff_s))
         return 0
@@ -152,6 +166,8 @@ class Daemon:
             self._engines.pop(partition, None)
             self._queued.pop(partition, None)
             self._awaiting_load.discard(partition)
+            if self._dead_letter is not None:
+                self._dead_letter.forget(partition)
 
     def _check_epoch(self) -> None:
         """Reload every owned partition when the store lost its data (its epoch changed):
@@ -191,7 +207,9 @@ class Daemon:
                 self._awaiting_load.update(waiting)
                 self.source.pause(waiting)
                 return
-            engine = PartitionEngine(self.settings.stats, partition, checkpoint)
+            # With dead letters every rejection of a poll is needed, not the log's first few.
+            kept = POLL_MAX_RECORDS if self._dead_letter is not None else REJECTIONS_KEPT
+            engine = PartitionEngine(self.settings.stats, partition, checkpoint, kept)
             self._engines[partition] = engine
             self._queued[partition] = deque()
             self._awaiting_load.discard(partition)
@@ -215,9 +233,17 @@ class Daemon:
             for engine in engines.values():
                 engine.tracker.advance_clock(now_s)
             ingest(items, self.labeller)
+            raw = None
             for partition, engine in engines.items():
                 for rejection in engine.take_rejections():
                     self._rejection_log.note(partition, rejection)
+                    if self._dead_letter is not None:
+                        if raw is None:
+                            raw = {(r.partition, r.offset): r.value for r in records}
+                        value = raw[(partition, rejection.position)]
+                        self._dead_letter.send(
+                            partition, rejection.position, value, rejection.reason, rejection.field
+                        )
 
     # -- commits -----------------------------------------------------------------------------
 
@@ -245,6 +271,18 @@ class Daemon:
         for partition, queue in list(self._queued.items()):
             while queue:
                 delta = queue[0]
+                if self._dead_letter is not None:
+                    try:
+                        delivered = self._dead_letter.confirm(partition, delta.offset)
+                    except DeadLetterUnavailable as exc:
+                        self._back_off("dead_letter", exc)
+                        return
+                    if not delivered:
+                        break  # this partition waits for its dead letters; the others go on
+                    if self._dead_letter_down:
+                        log.info("dead-letter topic acknowledging again")
+                        self._dead_letter_down = False
+                        self.published.set_component("dead_letter", "ok")
                 try:
                     self.store.commit(delta)
                 except StoreUnavailable as exc:
@@ -270,17 +308,26 @@ class Daemon:
         self._load_partitions([partition])
 
     def _store_failed(self, exc: Exception) -> None:
+        self._back_off("store", exc)
+
+    def _back_off(self, component: str, exc: Exception) -> None:
         """Back off: the delay doubles up to ``max_backoff_s``; the wait is jittered to half
         to all of it, so that the instances of a deployment do not retry in step."""
         self._backoff_s = min(max(self._backoff_s * 2, 0.2), self.settings.max_backoff_s)
         wait_s = self._backoff_s * (0.5 + 0.5 * self._jitter.random())
         self._retry_at = self._clock() + wait_s
-        self.published.set_component("store", f"unavailable: {exc}")
-        log.warning("state store unavailable (%s); retrying in %.2f s", exc, wait_s)
+        self.published.set_component(component, f"unavailable: {exc}")
+        if component == "store":
+            log.warning("state store unavailable (%s); retrying in %.2f s", exc, wait_s)
+            self._store_down = True
+        elif not self._dead_letter_down:  # once an outage: it is retried every round
+            log.warning("dead-letter topic unavailable (%s); commits wait for it", exc)
+            self._dead_letter_down = True
 
     def _store_recovered(self) -> None:
-        if self._backoff_s:
+        if self._store_down:
             log.info("state store reachable again")
+            self._store_down = False
         self._backoff_s = 0.0
         self.published.set_component("store", "ok")
         if self._paused_for_store:

@@ -67,6 +67,9 @@ class DaemonSettings:
     # Engines' Prometheus endpoints (http://HOST:PORT/metrics), scraped every interval.
     engine_metrics: tuple[str, ...] = ()
     engine_scrape_interval_s: float = 15.0
+    # Rejected records' bytes to this Kafka topic (same brokers as the source), or to
+    # kafka://HOST:PORT/TOPIC; None: none.
+    dead_letter_topic: str | None = None
     stats: StatsConfig = field(default_factory=StatsConfig)
 
     def __post_init__(self) -> None:
@@ -119,6 +122,11 @@ class DaemonSettings:
         ):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.dead_letter_topic is not None:
+            try:
+                self.dead_letter_target()
+            except ValueError as exc:
+                problems.append(str(exc))
         for url in self.engine_metrics:
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -166,6 +174,26 @@ class DaemonSettings:
     def label_map(self) -> dict[str, str]:
         """Producer label -> state label: the taxonomy and the extra intents."""
         return label_map(self.taxonomy, self.extra_intents)
+
+    def dead_letter_target(self) -> tuple[str, str]:
+        """``(bootstrap servers, topic)`` of ``dead_letter_topic``; ValueError naming it."""
+        value = self.dead_letter_topic or ""
+        if value.startswith("kafka://"):
+            parts = urlsplit(value)
+            topic = parts.path.strip("/")
+            if not parts.netloc or not topic or "/" in topic:
+                raise ValueError(
+                    f"dead_letter_topic {value!r}: expected TOPIC or kafka://HOST:PORT/TOPIC"
+                )
+            return parts.netloc, topic
+        if not (self.source or "").startswith("kafka://"):
+            raise ValueError(
+                f"dead_letter_topic {value!r}: a topic name needs a kafka:// source (its "
+                "brokers); give kafka://HOST:PORT/TOPIC otherwise"
+            )
+        if not re.fullmatch(r"[A-Za-z0-9._\-]{1,249}", value):
+            raise ValueError(f"dead_letter_topic {value!r}: use 1-249 of A-Z a-z 0-9 . _ -")
+        return urlsplit(self.source or "").netloc, value
 
     def kafka_options(self) -> dict[str, str]:
         """kafka-python consumer options for the connection's security (only those set)."""

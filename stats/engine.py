@@ -35,9 +35,15 @@ class Rejection(NamedTuple):
     field: str | None
 
 
-def keep_rejection(kept: list[Rejection], position: int, reason: str, field: str | None) -> None:
-    """Append to ``kept`` while it holds fewer than :data:`REJECTIONS_KEPT`."""
-    if len(kept) < REJECTIONS_KEPT:
+def keep_rejection(
+    kept: list[Rejection],
+    position: int,
+    reason: str,
+    field: str | None,
+    limit: int = REJECTIONS_KEPT,
+) -> None:
+    """Append to ``kept`` while it holds fewer than ``limit``."""
+    if len(kept) < limit:
         kept.append(Rejection(position, reason, field))
 
 

@@ -18,7 +18,13 @@ import orjson
 from kvcast.stats.arrivals import ArrivalStats
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.conversations import Conversation, ConversationTracker, Outcome, TurnRecord
-from kvcast.stats.engine import OUTCOME_FIELDS, EventCounters, Rejection, keep_rejection
+from kvcast.stats.engine import (
+    OUTCOME_FIELDS,
+    REJECTIONS_KEPT,
+    EventCounters,
+    Rejection,
+    keep_rejection,
+)
 from kvcast.stats.events import Event
 from kvcast.stats.window import Bucket, StatsWindow
 
@@ -92,8 +98,14 @@ class PartitionEngine:
     """One partition's tracker plus the contributions not yet committed."""
 
     def __init__(
-        self, config: StatsConfig, partition: str, checkpoint: PartitionCheckpoint | None = None
+        self,
+        config: StatsConfig,
+        partition: str,
+        checkpoint: PartitionCheckpoint | None = None,
+        rejections_kept: int = REJECTIONS_KEPT,
     ) -> None:
+        """``rejections_kept``: how many rejections :meth:`take_rejections` keeps between two
+        calls (a caller that needs every one takes them at least that often)."""
         self.config = config
         self.partition = partition
         checkpoint = checkpoint or PartitionCheckpoint(offset=-1, newest_ts=-math.inf)
@@ -106,11 +118,13 @@ class PartitionEngine:
             checkpoint.seen_ids,
         )
         self._reset_pending()
-        # Rejections since the daemon last took them (for its log), the first REJECTIONS_KEPT.
+        # Rejections since the daemon last took them (its log, its dead letters), the first
+        # rejections_kept.
         self._rejections: list[Rejection] = []
+        self._rejections_kept = rejections_kept
 
     def take_rejections(self) -> list[Rejection]:
-        """The rejections (offsets) since the last call, at most REJECTIONS_KEPT of them."""
+        """The rejections (offsets) since the last call, at most ``rejections_kept``."""
         taken, self._rejections = self._rejections, []
         return taken
 
@@ -134,7 +148,13 @@ class PartitionEngine:
             self._counters.duplicates += 1
         else:
             self._counters.rejected[outcome] += 1
-            keep_rejection(self._rejections, offset, outcome, OUTCOME_FIELDS.get(outcome))
+            keep_rejection(
+                self._rejections,
+                offset,
+                outcome,
+                OUTCOME_FIELDS.get(outcome),
+                self._rejections_kept,
+            )
         for conversation in completed:
             self._window.add(conversation)
         self.offset = offset
@@ -143,7 +163,7 @@ class PartitionEngine:
     def reject(self, reason: str, offset: int, field: str | None = None) -> None:
         """Count the payload at ``offset`` that failed validation (``field``: at fault)."""
         self._counters.rejected[reason] += 1
-        keep_rejection(self._rejections, offset, reason, field)
+        keep_rejection(self._rejections, offset, reason, field, self._rejections_kept)
         self.offset = offset
 
     def take_delta(self) -> PartitionDelta:

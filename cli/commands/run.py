@@ -152,6 +152,13 @@ _RUN_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
     ("--kafka-ssl-certfile", "kafka_ssl_certfile", str, "Client certificate file for Kafka TLS."),
     ("--kafka-ssl-keyfile", "kafka_ssl_keyfile", str, "Client key file for Kafka TLS."),
     (
+        "--dead-letter-topic",
+        "dead_letter_topic",
+        str,
+        "Kafka topic for rejected records as they arrived (the source's brokers), or "
+        "kafka://HOST:PORT/TOPIC; committed with their partition.",
+    ),
+    (
         "--engine-scrape-interval",
         "engine_scrape_interval_s",
         Floats(min=0, min_open=True),

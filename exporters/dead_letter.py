@@ -1,0 +1,192 @@
+"""Rejected records, as they arrived, to a Kafka dead-letter topic (``--dead-letter-topic``).
+
+Each record keeps its bytes (the value) and gets headers saying where it came from and why
+it was rejected: ``kvcast.partition`` (``TOPIC:N``), ``kvcast.offset``, ``kvcast.reason`` and
+``kvcast.field`` (empty: the payload as a whole); its key is ``TOPIC:N:OFFSET``.
+
+Delivery is part of the partition's commit. A sender thread of its own sends the records (the
+consumer loop never waits on the dead-letter broker); before a partition's delta is stored,
+:meth:`DeadLetterSink.confirm` says whether every rejected record of the delta has been
+acknowledged. Until then the delta waits; once a record has waited longer than ``timeout_s``,
+``confirm`` raises :class:`DeadLetterUnavailable` and the daemon backs off as for a store
+outage. A record whose send failed is sent again. It is at-least-once: after a crash between
+delivery and commit the records are replayed and sent again (their key says which are the
+same record).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["DeadLetterSink", "DeadLetterUnavailable"]
+
+log = logging.getLogger(__name__)
+
+
+class DeadLetterUnavailable(RuntimeError):
+    """The dead-letter topic has not acknowledged records a commit needs, for too long."""
+
+
+class _Letter:
+    __slots__ = ("future", "headers", "key", "offset", "queued_at", "value")
+
+    def __init__(
+        self, offset: int, key: bytes, value: bytes, headers: list[tuple[str, bytes]], at: float
+    ) -> None:
+        self.offset, self.key, self.value, self.headers = offset, key, value, headers
+        self.queued_at = at
+        self.future: Any = None  # set by the sender thread
+
+
+class DeadLetterSink:
+    """A producer of dead letters for one topic. ``kafka_options``: the connection's security
+    options, as for the consumer; ``timeout_s``: how long a record may wait for its
+    acknowledgement before commits report the topic unavailable (seconds)."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        timeout_s: float = 10.0,
+        kafka_options: Mapping[str, Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.bootstrap, self.topic, self.timeout_s = bootstrap, topic, timeout_s
+        self._options = dict(kafka_options or {})
+        self._clock = clock
+        self._pending: dict[str, list[_Letter]] = {}
+        self._outbox: queue.SimpleQueue[_Letter | None] = queue.SimpleQueue()
+        self._error = "no answer yet"
+        self.delivered = 0
+        self._thread = threading.Thread(
+            target=self._send_loop, name="kvcast-dead-letter", daemon=True
+        )
+        self._thread.start()
+
+    def send(
+        self, partition: str, offset: int, value: bytes, reason: str, field: str | None
+    ) -> None:
+        """Queue the rejected record at ``offset`` of ``partition`` for the sender thread."""
+        headers = [
+            ("kvcast.partition", partition.encode()),
+            ("kvcast.offset", str(offset).encode()),
+            ("kvcast.reason", reason.encode()),
+            ("kvcast.field", (field or "").encode()),
+        ]
+        key = f"{partition}:{offset}".encode()
+        letter = _Letter(offset, key, value, headers, self._clock())
+        self._pending.setdefault(partition, []).append(letter)
+        self._outbox.put(letter)
+
+    def confirm(self, partition: str, up_to: int) -> bool:
+        """Whether every dead letter of ``partition`` at offsets <= ``up_to`` is acknowledged
+        (then they are forgotten); DeadLetterUnavailable when one has waited too long.
+        Letters whose send failed are queued again."""
+        letters = [x for x in self._pending.get(partition, ()) if x.offset <= up_to]
+        waiting = []
+        for letter in letters:
+            future = letter.future
+            if future is not None and future.is_done and future.succeeded():
+                continue
+            waiting.append(letter)
+            if future is not None and future.is_done:  # failed: send it again
+                self._error = f"{type(future.exception).__name__}: {future.exception}"
+                letter.future = None
+                self._outbox.put(letter)
+        if waiting:
+            oldest = min(x.queued_at for x in waiting)
+            if self._clock() - oldest > self.timeout_s:
+                raise DeadLetterUnavailable(
+                    f"{self.topic}: {len(waiting)} records unacknowledged for over "
+                    f"{self.timeout_s:g} s ({self._error})"
+                )
+            return False
+        if letters:
+            self._pending[partition] = [x for x in self._pending[partition] if x.offset > up_to]
+            self.delivered += len(letters)
+        return True
+
+    def forget(self, partition: str) -> None:
+        """Drop what is pending for a partition this process no longer owns (its next owner
+        reads those records again from the last commit)."""
+        for letter in self._pending.pop(partition, ()):
+            letter.offset = -1  # the sender thread skips it if not sent yet
+
+    def pending(self) -> int:
+        return sum(len(letters) for letters in self._pending.values())
+
+    # -- the sender thread --------------------------------------------------------------------
+
+    def _send_loop(self) -> None:
+        producer = None
+        while True:
+            letter = self._outbox.get()
+            if letter is None:
+                break
+            if letter.offset < 0:
+                continue  # forgotten
+            while producer is None:
+                producer = self._open()
+                if producer is None and self._stopping_wait():
+                    return
+            try:
+                letter.future = producer.send(
+                    self.topic, key=letter.key, value=letter.value, headers=letter.headers
+                )
+            except Exception as exc:  # metadata timed out, buffer full: confirm() re-queues
+                self._error = f"{type(exc).__name__}: {exc}"
+                letter.future = _Failed(exc)
+        if producer is not None:
+            try:
+                producer.flush(timeout=self.timeout_s)
+                producer.close(timeout=self.timeout_s)
+            except Exception as exc:  # the broker went away: nothing is lost (replayed)
+                log.warning("dead-letter producer: %s on close", type(exc).__name__)
+
+    def _stopping_wait(self) -> bool:
+        """Wait a second before the next connection attempt; True when closing."""
+        try:
+            item = self._outbox.get(timeout=1.0)
+        except queue.Empty:
+            return False
+        if item is None:
+            return True
+        self._outbox.put(item)
+        return False
+
+    def _open(self) -> Any:
+        from kafka import KafkaProducer
+
+        try:
+            return KafkaProducer(
+                bootstrap_servers=self.bootstrap.split(","),
+                acks="all",
+                max_block_ms=int(self.timeout_s * 1000),
+                request_timeout_ms=int(self.timeout_s * 1000),
+                **self._options,
+            )
+        except Exception as exc:  # NoBrokersAvailable
+            self._error = f"{type(exc).__name__}: {exc}"
+            return None
+
+    def close(self) -> None:
+        self._outbox.put(None)
+        self._thread.join(timeout=2 * self.timeout_s + 2.0)
+
+
+class _Failed:
+    """A send that raised before it had a future of its own."""
+
+    is_done = True
+
+    def __init__(self, exc: Exception) -> None:
+        self.exception = exc
+
+    @staticmethod
+    def succeeded() -> bool:
+        return False
