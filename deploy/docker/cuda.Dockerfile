@@ -23,6 +23,7 @@ COPY classifier /src/classifier
 COPY exporters /src/exporters
 COPY lab /src/lab
 COPY cli /src/cli
+COPY producer /src/producer
 # The replay engine is optional in a plain install; the image must have it.
 RUN pip install --no-deps "/src[classifier]" && pip check \
  && python -c "import kvcast.stats.native._replay"

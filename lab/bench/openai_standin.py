@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 
 from aiohttp import web
 
@@ -36,7 +37,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
              "total_tokens": prompt_tokens + 3,
              "prompt_tokens_details": {"cached_tokens": prompt_tokens // 2}}  # fmt: skip
     text = reply_to(messages)
-    base = {"id": f"chatcmpl-{len(messages)}", "created": 1, "model": body["model"]}
+    # Unique per response, as an engine's: the tap makes it the event's request_id.
+    base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": 1, "model": body["model"]}
     if not body.get("stream"):
         message = {"role": "assistant", "content": text}
         choice = {"index": 0, "finish_reason": "stop", "message": message}
@@ -79,3 +81,19 @@ def standin_app(hold_after_first_word: asyncio.Event | None = None) -> web.Appli
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/v1/models", models)
     return app
+
+
+def main() -> None:
+    """``python -m kvcast.lab.bench.openai_standin --listen HOST:PORT``: the compose stack's
+    engine stand-in (no model, no GPU)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--listen", default="127.0.0.1:8000", help="HOST:PORT")
+    host, _, port = parser.parse_args().listen.rpartition(":")
+    print(f"openai stand-in listening on {host}:{port}", flush=True)
+    web.run_app(standin_app(), host=host, port=int(port), print=None)
+
+
+if __name__ == "__main__":
+    main()
