@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
+from kvcast.producer.kafka import kafka_topic_of
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.taxonomy import label_map
 
@@ -179,21 +180,20 @@ class DaemonSettings:
         """``(bootstrap servers, topic)`` of ``dead_letter_topic``; ValueError naming it."""
         value = self.dead_letter_topic or ""
         if value.startswith("kafka://"):
-            parts = urlsplit(value)
-            topic = parts.path.strip("/")
-            if not parts.netloc or not topic or "/" in topic:
-                raise ValueError(
-                    f"dead_letter_topic {value!r}: expected TOPIC or kafka://HOST:PORT/TOPIC"
-                )
-            return parts.netloc, topic
+            try:
+                return kafka_topic_of(value)
+            except ValueError as exc:
+                raise ValueError(f"dead_letter_topic: {exc}") from None
         if not (self.source or "").startswith("kafka://"):
             raise ValueError(
                 f"dead_letter_topic {value!r}: a topic name needs a kafka:// source (its "
                 "brokers); give kafka://HOST:PORT/TOPIC otherwise"
             )
-        if not re.fullmatch(r"[A-Za-z0-9._\-]{1,249}", value):
-            raise ValueError(f"dead_letter_topic {value!r}: use 1-249 of A-Z a-z 0-9 . _ -")
-        return urlsplit(self.source or "").netloc, value
+        bootstrap, _topic = kafka_topic_of(self.source or "")
+        try:
+            return kafka_topic_of(f"kafka://{bootstrap}/{value}")
+        except ValueError as exc:
+            raise ValueError(f"dead_letter_topic: {exc}") from None
 
     def kafka_options(self) -> dict[str, str]:
         """kafka-python consumer options for the connection's security (only those set)."""

@@ -23,6 +23,8 @@ from typing import Any, Protocol
 
 from aiohttp import ClientSession, ClientTimeout, web
 
+from kvcast.producer.responses import StreamedResponse, json_object
+
 log = logging.getLogger(__name__)
 
 TRACKED_PATHS = ("/v1/chat/completions", "/v1/completions")
@@ -40,47 +42,6 @@ class Recorder(Protocol):
     def record(
         self, request: Mapping[str, Any], response: Mapping[str, Any] | None = None, **context: Any
     ) -> None: ...
-
-
-class StreamedResponse:
-    """A response body assembled from server-sent events: the id, the reply, the usage."""
-
-    def __init__(self) -> None:
-        self._pending = b""
-        self.id: str | None = None
-        self.parts: list[str] = []
-        self.usage: Mapping[str, Any] | None = None
-
-    def feed(self, chunk: bytes) -> None:
-        self._pending += chunk
-        *lines, self._pending = self._pending.split(b"\n")
-        for line in lines:
-            line = line.strip()
-            if not line.startswith(b"data:") or line == b"data: [DONE]":
-                continue
-            try:
-                data = json.loads(line[5:])
-            except ValueError:
-                continue
-            if not isinstance(data, dict):
-                continue
-            self.id = self.id or data.get("id")
-            if isinstance(data.get("usage"), dict):
-                self.usage = data["usage"]
-            for choice in data.get("choices") or []:
-                if isinstance(choice, dict) and choice.get("index", 0) == 0:
-                    delta = choice.get("delta") or {}
-                    text = delta.get("content") if isinstance(delta, dict) else None
-                    text = text if text is not None else choice.get("text")  # completions
-                    if isinstance(text, str):
-                        self.parts.append(text)
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "usage": self.usage or {},
-            "choices": [{"message": {"role": "assistant", "content": "".join(self.parts)}}],
-        }
 
 
 class Tap:
@@ -117,7 +78,7 @@ class Tap:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         arrival_s = self._clock()
         body = await request.read()
-        parsed = _json_object(body) if request.method == "POST" else None
+        parsed = json_object(body) if request.method == "POST" else None
         tracked = parsed is not None and request.path in TRACKED_PATHS
         streaming = tracked and bool(parsed.get("stream"))  # type: ignore[union-attr]
         if streaming and "stream_options" not in parsed:  # type: ignore[operator]
@@ -143,17 +104,9 @@ class Tap:
                     whole += chunk
             await reply.write_eof()
         if tracked and upstream.status == 200:
-            response = assembled.body() if assembled is not None else _json_object(bytes(whole))
+            response = assembled.body() if assembled is not None else json_object(bytes(whole))
             self.recorder.record(parsed, response, arrival_s=arrival_s)  # type: ignore[arg-type]
         return reply
-
-
-def _json_object(body: bytes) -> dict[str, Any] | None:
-    try:
-        value = json.loads(body)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def run_tap(tap: Tap, host: str, port: int) -> None:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from kvcast.daemon.sources.registry import kafka_topic_of
 from kvcast.daemon.tap import Tap, run_tap
 from kvcast.producer import EventBuilder, KafkaEventProducer
+from kvcast.producer.kafka import kafka_topic_of
 
 
 def _listen(value: str) -> tuple[str, int]:

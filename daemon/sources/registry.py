@@ -2,35 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from kvcast.daemon.sources.base import EventSource
 from kvcast.daemon.sources.replay import ReplaySource
-
-# Kafka's own rule for topic names (kafka.common.internals.Topic).
-_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
-
-
-def kafka_topic_of(url: str) -> tuple[str, str]:
-    """``(bootstrap, topic)`` of ``kafka://HOST:PORT[,HOST:PORT]/TOPIC``; ValueError naming the
-    part that is wrong."""
-    parts = urlsplit(url)
-    topic = parts.path.strip("/")
-    if parts.scheme != "kafka" or not parts.netloc or not topic:
-        raise ValueError(f"source {url!r}: expected kafka://HOST:PORT/TOPIC")
-    for broker in parts.netloc.split(","):
-        host, _, port = broker.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"source {url!r}: broker {broker!r} is not HOST:PORT")
-    if not _TOPIC.fullmatch(topic):
-        raise ValueError(
-            f"source {url!r}: topic {topic!r} is not a Kafka topic name "
-            "(1-249 of A-Z a-z 0-9 . _ -)"
-        )
-    return parts.netloc, topic
+from kvcast.producer.kafka import kafka_topic_of
 
 
 def open_source(url: str, group_id: str, **kafka_options: Any) -> EventSource:
