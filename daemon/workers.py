@@ -29,6 +29,7 @@ from typing import Any
 
 from kvcast.daemon.gc_tuning import tune_for_streaming
 from kvcast.daemon.instance import build_instance, open_store_and_source
+from kvcast.daemon.logs import LogConfig
 from kvcast.daemon.settings import DaemonSettings
 from kvcast.exporters.view import MetricsView
 
@@ -41,7 +42,7 @@ class WorkerPool:
     """Starts ``settings.workers - 1`` worker processes and watches them from a thread."""
 
     def __init__(
-        self, settings: DaemonSettings, log_level: str, on_failure: Callable[[str], None]
+        self, settings: DaemonSettings, logs: LogConfig, on_failure: Callable[[str], None]
     ) -> None:
         self._on_failure = on_failure
         context = multiprocessing.get_context("spawn")  # no forked threads or sockets
@@ -49,7 +50,7 @@ class WorkerPool:
         self._processes = [
             context.Process(
                 target=worker_main,
-                args=(settings, index, log_level, self._reports, os.getpid()),
+                args=(settings, index, logs, self._reports, os.getpid()),
                 name=f"kvcast-worker-{index}",
                 daemon=False,
             )
@@ -181,14 +182,10 @@ def _add_classifier(left: dict[str, Any] | None, right: dict[str, Any]) -> dict[
 
 
 def worker_main(
-    settings: DaemonSettings, index: int, log_level: str, reports: Any, primary_pid: int
+    settings: DaemonSettings, index: int, logs: LogConfig, reports: Any, primary_pid: int
 ) -> None:
     """A worker process: consume, apply and commit its partitions; report to the primary."""
-    logging.basicConfig(
-        level=log_level.upper(),
-        format=f"%(asctime)s %(levelname)s worker {index} %(name)s: %(message)s",
-    )
-    logging.getLogger("kafka").setLevel(max(logging.INFO, logging.getLevelName(log_level.upper())))
+    logs.configure(worker=index)
     reports.cancel_join_thread()  # never block exit on figures the primary no longer reads
     store, source = open_store_and_source(settings)
     tune_for_streaming()

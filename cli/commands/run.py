@@ -38,6 +38,7 @@ from kvcast.cli.secrets import hide_secrets_from_process_title, read_secret, wit
 from kvcast.daemon.engine_metrics import engine_capacity
 from kvcast.daemon.gc_tuning import tune_for_streaming
 from kvcast.daemon.instance import build_instance, open_store_and_source
+from kvcast.daemon.logs import LOG_FORMATS, LogConfig
 from kvcast.daemon.settings import MAX_WORKERS, DaemonSettings, redact_url
 from kvcast.daemon.workers import WorkerPool
 from kvcast.exporters.http_server import HttpServer
@@ -268,6 +269,16 @@ def _run_options(command: Any) -> Any:
     show_envvar=True,
 )
 @click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS),
+    default="text",
+    show_default=True,
+    envvar="KVCAST_LOG_FORMAT",
+    show_envvar=True,
+    help="text: lines for people; json: one object per line (time, level, logger, message, "
+    "pid, worker, exception).",
+)
+@click.option(
     "--print-config",
     is_flag=True,
     help="Print the resolved settings (flags > KVCAST_* > --config file > defaults) and exit.",
@@ -306,13 +317,10 @@ def _run_options(command: Any) -> Any:
     "--capacity-blocks and --block-size are not given.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Status lines as JSON objects.")
-def run(log_level: str, as_json: bool, print_config: bool, **kwargs: Any) -> None:
+def run(log_level: str, log_format: str, as_json: bool, print_config: bool, **kwargs: Any) -> None:
     """Run the daemon: consume events, keep statistics, publish forecast and table."""
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    # kafka-python's debug log dumps raw fetch responses, i.e. the events' user text: never.
-    logging.getLogger("kafka").setLevel(max(logging.INFO, logging.getLevelName(log_level.upper())))
+    logs = LogConfig(log_level, log_format)
+    logs.configure()
     hide_secrets_from_process_title(sys.argv)
     stats = pop_stats_config(kwargs)
     kwargs["target_hit_ratios"] = tuple(kwargs["target_hit_ratios"])
@@ -340,7 +348,7 @@ def run(log_level: str, as_json: bool, print_config: bool, **kwargs: Any) -> Non
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     tune_for_streaming()
-    sys.exit(serve(settings, store, source, status_json=as_json, log_level=log_level))
+    sys.exit(serve(settings, store, source, status_json=as_json, logs=logs))
 
 
 def _engine_urls(value: str | None) -> tuple[str, ...]:
@@ -392,7 +400,7 @@ def serve(
     store: Any,
     source: Any,
     status_json: bool = False,
-    log_level: str = "info",
+    logs: LogConfig | None = None,
 ) -> int:
     """Wire this process, its workers, HTTP and signals; run until SIGTERM/SIGINT."""
     try:
@@ -408,7 +416,7 @@ def serve(
             published.set_component("workers", reason)  # /readyz names it while draining
             daemon.request_stop()
 
-        pool = WorkerPool(settings, log_level, on_failure=worker_failed)
+        pool = WorkerPool(settings, logs or LogConfig(), on_failure=worker_failed)
         published.set_component("workers", "ok")
     view = (
         published.metrics_view

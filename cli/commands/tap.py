@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import click
 
+from kvcast.daemon.logs import LOG_FORMATS, LogConfig
 from kvcast.daemon.tap import Tap, run_tap
 from kvcast.producer import EventBuilder, KafkaEventProducer
 from kvcast.producer.kafka import kafka_topic_of
@@ -62,8 +62,17 @@ def _listen(value: str) -> tuple[str, int]:
     help="Send the messages along for kvcast's intent classifier (user text!).",
 )
 @click.option("--instance", default=None, help="The engine instance's name, on every event.")
+@click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS),
+    default="text",
+    show_default=True,
+    envvar="KVCAST_LOG_FORMAT",
+    show_envvar=True,
+    help="text: lines for people; json: one object per line.",
+)
 def tap_command(listen: str, upstream: str, source: str, hash_key_file: Path, block_size: int,
-                include_text: bool, instance: str | None) -> None:  # fmt: skip
+                include_text: bool, instance: str | None, log_format: str) -> None:  # fmt: skip
     """Proxy an OpenAI-compatible engine (vLLM, SGLang) and send kvcast an event per request.
 
     /v1/chat/completions and /v1/completions (streaming or not) are forwarded and turned into
@@ -86,9 +95,7 @@ def tap_command(listen: str, upstream: str, source: str, hash_key_file: Path, bl
         raise click.BadParameter(
             f"{hash_key_file}: {exc}", param_hint="'--hash-key-file'"
         ) from None
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    LogConfig("info", log_format).configure()
     producer = KafkaEventProducer(bootstrap, topic, builder)
     try:
         run_tap(Tap(upstream, producer), host, port)
