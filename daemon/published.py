@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -19,6 +20,10 @@ from kvcast.stats.partition import PartitionDelta
 
 # The main loop must beat at least this often (s) for /healthz to say it is alive.
 LIVENESS_LIMIT_S = 60.0
+# /v1/status keeps a point of forecast and observed hit ratio at most every HISTORY_EVERY_S
+# seconds of the forecast's computation time, the last HISTORY_POINTS of them (an hour).
+HISTORY_POINTS = 120
+HISTORY_EVERY_S = 30.0
 
 
 class Published:
@@ -51,6 +56,8 @@ class Published:
         self._commits = 0
         self._lag: int | None = None
         self._refresh_seconds = 0.0
+        self._events_per_s: float | None = None
+        self._history: deque[dict[str, float | None]] = deque(maxlen=HISTORY_POINTS)
 
     # -- written by the refresher ------------------------------------------------------------
 
@@ -70,6 +77,16 @@ class Published:
             self._counters = counters
             self._components["store"] = "ok"
             self._refresh_seconds = seconds
+            at = forecast.get("computed_at")
+            last_at = self._history[-1]["at"] if self._history else None
+            if at is not None and (last_at is None or at - last_at >= HISTORY_EVERY_S):
+                self._history.append(
+                    {
+                        "at": at,
+                        "forecast": forecast.get("hit_ratio"),
+                        "observed": forecast.get("observed_hit_ratio"),
+                    }
+                )
 
     # -- hooks from the consumer loop --------------------------------------------------------
 
@@ -137,6 +154,8 @@ class Published:
         ``role`` says which process wrote it: the ``primary`` (the instance's figures) or a
         ``worker`` of ``--workers N`` (its own rate, lag and store only).
         """
+        with self._lock:
+            self._events_per_s = events_per_s
         view = self.metrics_view()
         if not self.publishing:  # a worker process: its own figures only
             return {
@@ -160,6 +179,31 @@ class Published:
             "table_version": view.table["version"] if view.table else None,
             "lag": view.lag,
             "store": view.components.get("store"),
+        }
+
+    def operations_document(self) -> dict[str, Any]:
+        """What an operator checks first (``/v1/status``, the status page's operations card):
+        events/s of this process over the last status interval (None before the first), lag,
+        counters with rejections by reason, each component's state, the forecast's age (s) and
+        the recent history of forecast and observed hit ratio (Unix seconds, ratios)."""
+        ready, components = self.readiness()
+        view = self.metrics_view()
+        with self._lock:
+            rate, history = self._events_per_s, list(self._history)
+        computed_at = (view.forecast or {}).get("computed_at")
+        counters = view.counters
+        return {
+            "ready": ready,
+            "events_per_s": None if rate is None else round(rate, 1),
+            "lag": view.lag,
+            "processed": counters.get("processed", 0),
+            "rejected": counters.get("rejected", 0),
+            "rejected_by_reason": dict(counters.get("rejected_by_reason") or {}),
+            "duplicates": counters.get("duplicates", 0),
+            "components": components,
+            "forecast_age_s": None if computed_at is None else max(time.time() - computed_at, 0.0),
+            "table_version": view.table["version"] if view.table else None,
+            "history": history,
         }
 
 

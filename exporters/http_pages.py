@@ -36,6 +36,9 @@ class PublishedState(Protocol):
     def liveness(self) -> tuple[bool, str]:
         """(True, detail) while the main loop is alive, (False, reason) when it is stuck."""
 
+    def operations_document(self) -> dict[str, Any]:
+        """Throughput, lag, rejections by reason, components, forecast age and history."""
+
 
 class Request(NamedTuple):
     state: PublishedState
@@ -93,6 +96,10 @@ def table(req: Request) -> Response:
     return json_response(HTTPStatus.OK, doc, req.pretty, headers)
 
 
+def operations(req: Request) -> Response:
+    return json_response(HTTPStatus.OK, req.state.operations_document(), req.pretty)
+
+
 def metrics(req: Request) -> Response:
     """The given registry in the format the scraper accepts (prometheus_client's negotiation).
 
@@ -116,6 +123,7 @@ ROUTES: dict[str, Callable[[Request], Response]] = {
     "/metrics": metrics,
     "/v1/forecast": forecast,
     "/v1/table": table,
+    "/v1/status": operations,
 }
 
 

@@ -1,7 +1,8 @@
 """The daemon's HTTP server: stdlib ``http.server``, one daemon thread per connection.
 
 Endpoints (GET and HEAD): ``/`` (the status page), ``/healthz``, ``/readyz``, ``/v1/forecast``,
-``/v1/table`` and ``/metrics``; the pages themselves live in :mod:`kvcast.exporters.http_pages`.
+``/v1/table``, ``/v1/status`` and ``/metrics``; the pages themselves live in
+:mod:`kvcast.exporters.http_pages`.
 
 Clients cannot hold it: a request (its line and headers, or the wait for the next request on a
 kept-alive connection) must arrive within ``REQUEST_DEADLINE_S`` in total, however slowly its

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import orjson
 
 from kvcast.daemon.published import Published, format_status
@@ -33,3 +35,25 @@ def test_a_worker_reports_only_its_own_rate_lag_and_store() -> None:
         "store": "not checked yet",
     }
     assert format_status(status) == "kvcast worker | 99 events/s | lag - | store not checked yet"
+
+
+def test_the_operations_document_keeps_a_point_every_30_s_of_the_last_hour() -> None:
+    from kvcast.daemon.published import HISTORY_EVERY_S, HISTORY_POINTS
+
+    published = _published(publishing=True)
+    counters = {"processed": 10, "rejected": 3, "duplicates": 1,
+                "rejected_by_reason": {"too_late": 2, "missing_field": 1}}  # fmt: skip
+    for k in range(2 * HISTORY_POINTS * 6):  # a refresh every 5 s for two hours
+        forecast = {"computed_at": 1_000.0 + 5 * k, "hit_ratio": 0.4, "observed_hit_ratio": None}
+        published.refreshed(forecast, None, counters, 0.01)
+    published.status(events_per_s=250.04)
+    doc = published.operations_document()
+    history = doc["history"]
+    assert len(history) == HISTORY_POINTS
+    assert {b["at"] - a["at"] for a, b in itertools.pairwise(history)} == {HISTORY_EVERY_S}
+    assert history[-1]["at"] >= 1_000.0 + 5 * (2 * HISTORY_POINTS * 6 - 1) - HISTORY_EVERY_S
+    assert doc["events_per_s"] == 250.0
+    assert doc["rejected_by_reason"] == {"too_late": 2, "missing_field": 1}
+    assert doc["components"]["store"] == "ok" and doc["ready"] is True
+    assert doc["forecast_age_s"] > 0
+    orjson.dumps(doc)

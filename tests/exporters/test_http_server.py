@@ -195,7 +195,14 @@ def test_unknown_path_names_the_alternatives_without_echoing(server: HttpServer)
     assert reply.status == 404
     doc = reply.json()
     assert doc["did_you_mean"][0] == "/v1/table"
-    assert doc["paths"] == ["/healthz", "/metrics", "/readyz", "/v1/forecast", "/v1/table"]
+    assert doc["paths"] == [
+        "/healthz",
+        "/metrics",
+        "/readyz",
+        "/v1/forecast",
+        "/v1/status",
+        "/v1/table",
+    ]
     assert b"SECRET" not in reply.body
 
 

@@ -51,7 +51,20 @@ def table() -> dict[str, Any]:
             "defaults": {"p_continue": 0.5, "median_reuse_s": 150.0}, "states": states}  # fmt: skip
 
 
+def operations() -> dict[str, Any]:
+    history = [{"at": 1_700_000_000.0 + 30 * k, "forecast": 0.30 + 0.01 * k,
+                "observed": None if k < 3 else 0.25} for k in range(10)]  # fmt: skip
+    return {"ready": False, "events_per_s": 1234.5, "lag": 42, "processed": 10_000,
+            "rejected": 9, "rejected_by_reason": {"missing_field": 7, "too_late": 2},
+            "duplicates": 3, "forecast_age_s": 4.2, "table_version": 9, "history": history,
+            "components": {"store": "ok", "source": "ok", "forecast": "ok",
+                           "dead_letter": "unavailable: dead: no answer"}}  # fmt: skip
+
+
 class State:
+    def operations_document(self) -> dict[str, Any]:
+        return operations()
+
     def forecast_document(self) -> dict[str, Any]:
         return forecast()
 
@@ -129,6 +142,14 @@ def test_chromium_draws_numbers_curve_and_heatmap(server: HttpServer, tmp_path: 
     for cell in cells:
         expected = COLORS[float(cell["data-p"])]
         assert cell["fill"] == "rgb({},{},{})".format(*expected)
+    # The operator's figures, and the last hour of forecast and observed.
+    for shown in (">1,234.5<", ">42 events<", ">9 (missing_field 7, too_late 2)<", ">4.2 s<",
+                  ">unavailable: dead: no answer<"):  # fmt: skip
+        assert shown in texts, shown
+    states = {attrs.get("class") for tag, attrs in dom.found if tag == "dd"}
+    assert {"state ok", "state bad"} <= states
+    assert dom.by_id("history-forecast")["d"].count("L") == 9  # 10 points
+    assert dom.by_id("history-observed")["d"].count("L") == 6  # observed from the 4th
 
     image_path = tmp_path / "page.png"
     chromium(server.url + "/", tmp_path, f"--screenshot={image_path}")

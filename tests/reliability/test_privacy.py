@@ -3,9 +3,10 @@
 The daemon (Kafka + Redis, the classifier ``auto`` so the packaged model reads the texts when
 installed, debug logging) consumes events whose prompts and messages are full of distinctive
 strings (``SECRET-<hex>``), some of them in rejected events too. Then every Redis key and value
-in the namespace, the daemon's stdout and stderr, /metrics, /v1/table, /v1/forecast, /readyz,
-/healthz and the status page are scanned for them. kvcast writes nothing to Kafka: the broker
-(our own) has no topic but the input one afterwards, and the input's end offsets did not move.
+in the namespace, the daemon's stdout and stderr, /metrics, /v1/table, /v1/forecast,
+/v1/status, /readyz, /healthz and the status page are scanned for them. kvcast writes nothing
+to Kafka: the broker (our own) has no topic but the input one afterwards, and the input's end
+offsets did not move.
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ def test_no_user_text_reaches_redis_logs_metrics_http_or_kafka(
                 "/metrics",
                 "/v1/table",
                 "/v1/forecast",
+                "/v1/status",
                 "/healthz",
                 "/",
                 "/v1/table?pretty",
