@@ -54,7 +54,10 @@ def open_store_and_source(
                 raise ValueError("no --source given and no embedded sample workload available")
             return store, demo_source(settings)
         kafka = settings.kafka_options()
-        return store, open_source(settings.source or "", settings.group_id, **kafka)
+        source = open_source(
+            settings.source or "", settings.group_id, settings.partition_assignment, **kafka
+        )
+        return store, source
     except Exception:
         store.close()  # no connection left behind by a source that could not be opened
         raise

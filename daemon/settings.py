@@ -30,6 +30,9 @@ class DaemonSettings:
     # None: kvcast.NAMESPACE.TOPIC, so that deployments on different topics never share a group
     # (a member of a group gets no partition of a topic the group's leader does not subscribe to).
     group_id: str | None = None
+    # How the consumer group spreads partitions: cooperative-sticky or range (see
+    # daemon/sources/kafka_source.py); every member of a group must use the same.
+    partition_assignment: str = "cooperative-sticky"
     namespace: str = "kvcast"
     metrics_addr: str = "127.0.0.1:9400"
     # Processes consuming for this instance (kafka:// source and a redis store when > 1): one
@@ -91,6 +94,11 @@ class DaemonSettings:
             problems.append(f"namespace {self.namespace!r}: use 1-64 of A-Z a-z 0-9 _ . -")
         if not self.group_id:
             problems.append("group_id must not be empty")
+        if self.partition_assignment not in ("cooperative-sticky", "range"):
+            problems.append(
+                f"partition_assignment {self.partition_assignment!r}: expected "
+                "cooperative-sticky or range"
+            )
         try:
             self.http_host_port()
         except ValueError as exc:

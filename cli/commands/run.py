@@ -59,6 +59,13 @@ _RUN_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
         "Kafka consumer group (default: kvcast.NAMESPACE.TOPIC, one per deployment).",
     ),
     ("--namespace", "namespace", str, "Prefix of every Redis key."),
+    (
+        "--partition-assignment",
+        "partition_assignment",
+        click.Choice(["cooperative-sticky", "range"]),
+        "How the consumer group spreads partitions; cooperative-sticky moves only what must "
+        "move when a replica joins or leaves. Every replica of a group must use the same.",
+    ),
     ("--metrics-addr", "metrics_addr", str, "HOST:PORT of the HTTP server (/metrics, /v1/...)."),
     (
         "--workers",

@@ -14,6 +14,8 @@ from typing import Any
 
 from kafka import KafkaConsumer, OffsetAndMetadata, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
+from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.errors import KafkaError
 
 from kvcast.daemon.sources.base import PartitionListener, Record, new_record
@@ -37,6 +39,12 @@ FETCH_SETTINGS: dict[str, int] = {
     "max_partition_fetch_bytes": 8 << 20,
 }
 
+
+# --partition-assignment: how the group spreads partitions. cooperative-sticky (incremental
+# rebalancing): a member that joins or leaves moves only the partitions that must move, the
+# others keep theirs and their loaded state; range (kafka-python's default, eager): every
+# rebalance revokes every partition of every member, which then reload from the store.
+ASSIGNORS = {"cooperative-sticky": CooperativeStickyAssignor, "range": RangePartitionAssignor}
 
 # A coordinator away for longer than this (s) makes the source not ready.
 COORDINATOR_GRACE_S = 3.0
@@ -72,10 +80,18 @@ class _Rebalance(ConsumerRebalanceListener):
 class KafkaSource:
     """Subscribes ``group_id`` to ``topic`` on ``bootstrap`` (host:port[,host:port])."""
 
-    def __init__(self, bootstrap: str, topic: str, group_id: str, **consumer_options: Any) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        group_id: str,
+        assignment: str = "cooperative-sticky",
+        **consumer_options: Any,
+    ) -> None:
         self.topic = topic
         self.listener: PartitionListener | None = None
         options = {**GROUP_SETTINGS, **FETCH_SETTINGS, **consumer_options}
+        options["partition_assignment_strategy"] = (ASSIGNORS[assignment],)
         self._consumer = KafkaConsumer(
             bootstrap_servers=bootstrap.split(","),
             group_id=group_id,

@@ -11,7 +11,9 @@ from kvcast.daemon.sources.replay import ReplaySource
 from kvcast.producer.kafka import kafka_topic_of
 
 
-def open_source(url: str, group_id: str, **kafka_options: Any) -> EventSource:
+def open_source(
+    url: str, group_id: str, assignment: str = "cooperative-sticky", **kafka_options: Any
+) -> EventSource:
     """The source for ``url``; ValueError (saying what was expected) for anything else.
 
     ``kafka_options`` (security settings) go to the kafka-python consumer unchanged.
@@ -21,7 +23,7 @@ def open_source(url: str, group_id: str, **kafka_options: Any) -> EventSource:
         bootstrap, topic = kafka_topic_of(url)
         from kvcast.daemon.sources.kafka_source import KafkaSource
 
-        return KafkaSource(bootstrap, topic, group_id, **kafka_options)
+        return KafkaSource(bootstrap, topic, group_id, assignment, **kafka_options)
     if parts.scheme == "file":
         path = Path(unquote(parts.netloc + parts.path))
         if not path.is_file():
