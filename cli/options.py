@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import click
 
+from kvcast.daemon.logs import LOG_FORMATS
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.taxonomy import label_map
 
@@ -295,3 +296,17 @@ def pop_label_map(kwargs: dict[str, Any]) -> dict[str, str]:
         return label_map(size, read_taxonomy_file(path) if path is not None else ())
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+
+
+def log_format_option(command: F) -> F:
+    """``--log-format text|json`` (``KVCAST_LOG_FORMAT``), for the commands that run long."""
+    return click.option(
+        "--log-format",
+        type=click.Choice(LOG_FORMATS),
+        default="text",
+        show_default=True,
+        envvar="KVCAST_LOG_FORMAT",
+        show_envvar=True,
+        help="text: lines for people; json: one object per line (time, level, logger, "
+        "message, pid, worker, exception).",
+    )(command)

@@ -30,6 +30,7 @@ from kvcast.cli.options import (
     Ints,
     capacity_options,
     envvar_for,
+    log_format_option,
     pop_stats_config,
     read_taxonomy_file,
     stats_options,
@@ -38,7 +39,7 @@ from kvcast.cli.secrets import hide_secrets_from_process_title, read_secret, wit
 from kvcast.daemon.engine_metrics import engine_capacity
 from kvcast.daemon.gc_tuning import tune_for_streaming
 from kvcast.daemon.instance import build_instance, open_store_and_source
-from kvcast.daemon.logs import LOG_FORMATS, LogConfig
+from kvcast.daemon.logs import LogConfig
 from kvcast.daemon.settings import MAX_WORKERS, DaemonSettings, redact_url
 from kvcast.daemon.workers import WorkerPool
 from kvcast.exporters.http_server import HttpServer
@@ -275,16 +276,7 @@ def _run_options(command: Any) -> Any:
     envvar="KVCAST_LOG_LEVEL",
     show_envvar=True,
 )
-@click.option(
-    "--log-format",
-    type=click.Choice(LOG_FORMATS),
-    default="text",
-    show_default=True,
-    envvar="KVCAST_LOG_FORMAT",
-    show_envvar=True,
-    help="text: lines for people; json: one object per line (time, level, logger, message, "
-    "pid, worker, exception).",
-)
+@log_format_option
 @click.option(
     "--print-config",
     is_flag=True,

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from kvcast.daemon.logs import LOG_FORMATS, LogConfig
+from kvcast.cli.options import log_format_option
+from kvcast.daemon.logs import LogConfig
 from kvcast.daemon.tap import Tap, run_tap
 from kvcast.producer import EventBuilder, KafkaEventProducer
 from kvcast.producer.kafka import kafka_topic_of
@@ -62,15 +63,7 @@ def _listen(value: str) -> tuple[str, int]:
     help="Send the messages along for kvcast's intent classifier (user text!).",
 )
 @click.option("--instance", default=None, help="The engine instance's name, on every event.")
-@click.option(
-    "--log-format",
-    type=click.Choice(LOG_FORMATS),
-    default="text",
-    show_default=True,
-    envvar="KVCAST_LOG_FORMAT",
-    show_envvar=True,
-    help="text: lines for people; json: one object per line.",
-)
+@log_format_option
 def tap_command(listen: str, upstream: str, source: str, hash_key_file: Path, block_size: int,
                 include_text: bool, instance: str | None, log_format: str) -> None:  # fmt: skip
     """Proxy an OpenAI-compatible engine (vLLM, SGLang) and send kvcast an event per request.

@@ -55,11 +55,18 @@ class EngineBenchResult:
         return asdict(self)
 
 
-def _table(states: int, seed: int) -> PriorityIndex:
+def random_table(states: int, seed: int, medians_s: tuple[float, ...] = (60.0,)) -> PriorityIndex:
+    """``states`` table states (``states // 8`` intents x turns 1-8) with random
+    ``P(continue)`` and a median reuse delay (s) drawn from ``medians_s``: the engine
+    benchmarks' table."""
     rng = random.Random(seed)
+
+    def median() -> float:
+        return medians_s[0] if len(medians_s) == 1 else rng.choice(medians_s)
+
     rows = [
         {"intent": f"intent-{k}", "turn": turn, "p_continue": rng.random(),
-         "median_reuse_s": 60.0}
+         "median_reuse_s": median()}
         for k in range(states // 8) for turn in range(1, 9)
     ]  # fmt: skip
     return PriorityIndex({"version": 1, "states": rows})
@@ -107,7 +114,7 @@ def _one_run(kind: str, blocks: int, request_blocks: int, index: PriorityIndex, 
 def run_engine_bench(
     blocks: int = 100_000, request_blocks: int = 64, repeats: int = 3, seed: int = 5
 ) -> EngineBenchResult:
-    index = _table(240, seed)
+    index = random_table(240, seed)
     get_ns = {kind: float("inf") for kind in KINDS}
     free_ns = dict(get_ns)
     gc_was = gc.isenabled()

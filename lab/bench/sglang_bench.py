@@ -16,7 +16,8 @@ real ``TokenToKVPoolAllocator`` on the CPU) holds ``leaves`` distinct cached seq
 - ``rust lru``: SGLang's default build, the Rust tree core and its native LRU (for scale: the
   cost of leaving the Rust tree for the Python one, whatever the strategy).
 
-Figures: milliseconds per ``evict`` call, best of ``repeats``.
+Figures: milliseconds per ``evict`` call, best of ``repeats`` (12: the run-to-run noise of one
+call is several milliseconds).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kvcast.exporters.adapters.sglang import install
+from kvcast.lab.bench.engine_bench import random_table
 from kvcast.stats.priority import PriorityIndex
 
 KINDS = ("lru", "untagged", "tagged", "rust lru")
@@ -68,16 +70,6 @@ class SGLangBenchResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _table(states: int, seed: int) -> PriorityIndex:
-    rng = random.Random(seed)
-    rows = [
-        {"intent": f"intent-{k}", "turn": turn, "p_continue": rng.random(),
-         "median_reuse_s": rng.choice([30.0, 60.0, 600.0])}
-        for k in range(states // 8) for turn in range(1, 9)
-    ]  # fmt: skip
-    return PriorityIndex({"version": 1, "states": rows})
 
 
 def _cache(kind: str, tokens: int) -> Any:
@@ -124,15 +116,17 @@ def _one_run(kind: str, leaves: int, leaf_tokens: int, index: PriorityIndex, see
 
 
 def run_sglang_bench(
-    leaves: int = 2_000, leaf_tokens: int = 96, repeats: int = 7, seed: int = 5
+    leaves: int = 2_000, leaf_tokens: int = 96, repeats: int = 12, seed: int = 5
 ) -> SGLangBenchResult:
-    index = _table(240, seed)
+    index = random_table(240, seed, medians_s=(30.0, 60.0, 600.0))
     best = {kind: float("inf") for kind in KINDS}
     gc_was = gc.isenabled()
     gc.disable()  # the scheduler's step does not collect mid-eviction either
     try:
-        for _ in range(repeats):
-            for kind in KINDS:  # interleaved, so that drift hits every kind alike
+        for repeat in range(repeats):
+            # Interleaved, each repeat in another order: drift and position hit every kind alike.
+            order = KINDS[repeat % len(KINDS) :] + KINDS[: repeat % len(KINDS)]
+            for kind in order:
                 best[kind] = min(best[kind], _one_run(kind, leaves, leaf_tokens, index, seed))
                 gc.collect()
     finally:
@@ -145,7 +139,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--leaves", type=int, default=2_000)
     parser.add_argument("--leaf-tokens", type=int, default=96)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=12)
     parser.add_argument("--json", action="store_true", help="one JSON object of figures")
     args = parser.parse_args()
     result = run_sglang_bench(args.leaves, args.leaf_tokens, args.repeats)
