@@ -31,6 +31,7 @@ state at the next eviction.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +48,8 @@ __all__ = [
     "install",
     "request_state",
 ]
+
+log = logging.getLogger(__name__)
 
 BACKEND_NAME = "kvcast"  # --radix-cache-backend kvcast
 TAG_ATTR = "kvcast_tag"  # on a tree node: (its state, released at: strategy clock s) or None
@@ -173,7 +176,10 @@ def _tagging_release(on_release: Callable[..., None], cache: Any, strategy: IACS
     def on_release_tagged(req: Any, *, checkpointed: bool) -> None:
         on_release(req, checkpointed=checkpointed)
         if checkpointed:
-            strategy.tag_request(cache, req)
+            try:
+                strategy.tag_request(cache, req)
+            except Exception:  # a tag is worth less than the scheduler: never fail it
+                log.warning("kvcast: request not tagged", exc_info=True)
 
     on_release_tagged.__wrapped__ = on_release  # type: ignore[attr-defined]
     return on_release_tagged
