@@ -21,6 +21,7 @@ import json
 import random
 import time
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from kvcast.exporters.adapters.vllm import replace_queue
 from kvcast.stats.priority import PriorityIndex
@@ -130,6 +131,17 @@ def run_engine_bench(
     return EngineBenchResult(get_ns, free_ns, blocks, request_blocks)
 
 
+def print_figures(result: Any, heading: str, as_json: bool) -> None:
+    """An engine benchmark's output: one JSON object (what ``kvcast bench --suite engines``
+    reads), or the heading and one row a line."""
+    if as_json:
+        print(json.dumps({"rows": result.rows(), **result.to_dict()}))
+        return
+    print(heading)
+    for row in result.rows():
+        print(" | ".join(row))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--blocks", type=int, default=100_000)
@@ -138,13 +150,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object of figures")
     args = parser.parse_args()
     result = run_engine_bench(args.blocks, args.request_blocks, args.repeats)
-    if args.json:
-        print(json.dumps({"rows": result.rows(), **result.to_dict()}))
-        return
-    print(f"{result.blocks:,} blocks, {result.request_blocks}-block requests, best of "
-          f"{args.repeats}")  # fmt: skip
-    for row in result.rows():
-        print(" | ".join(row))
+    heading = f"{result.blocks:,} blocks, {result.request_blocks}-block requests, best of "
+    print_figures(result, heading + str(args.repeats), args.json)
 
 
 if __name__ == "__main__":

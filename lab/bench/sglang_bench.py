@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import random
 import time
 from array import array
@@ -32,7 +31,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kvcast.exporters.adapters.sglang import install
-from kvcast.lab.bench.engine_bench import random_table
+from kvcast.lab.bench.engine_bench import print_figures, random_table
 from kvcast.stats.priority import PriorityIndex
 
 KINDS = ("lru", "untagged", "tagged", "rust lru")
@@ -143,12 +142,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object of figures")
     args = parser.parse_args()
     result = run_sglang_bench(args.leaves, args.leaf_tokens, args.repeats)
-    if args.json:
-        print(json.dumps({"rows": result.rows(), **result.to_dict()}))
-        return
-    print(f"{result.leaves:,} leaves x {result.leaf_tokens} tokens, best of {args.repeats}")
-    for row in result.rows():
-        print(" | ".join(row))
+    heading = f"{result.leaves:,} leaves x {result.leaf_tokens} tokens, best of {args.repeats}"
+    print_figures(result, heading, args.json)
 
 
 if __name__ == "__main__":
