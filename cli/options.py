@@ -145,6 +145,20 @@ _STATS_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
         Ints(min=1),
         "Delays a state needs before its own median reuse delay replaces the default.",
     ),
+    (
+        "--shared-index-blocks",
+        "shared_index_blocks",
+        Ints(min=0),
+        "Block ids (of events with block_hashes) the shared-prefix index keeps per partition,"
+        " about 100 bytes each; 0 turns the shared-prefix statistics off.",
+    ),
+    (
+        "--shared-index-dense-tokens",
+        "shared_index_dense_tokens",
+        Ints(min=1),
+        "The shared-prefix index takes every block of a request's first 2 x this many tokens,"
+        " then fewer: shared prefixes are exact there, within 1/(4 x as many blocks) beyond.",
+    ),
 )
 
 

@@ -23,6 +23,12 @@ class StatsConfig:
     - ``min_delay_samples``: below this many delays a state's median reuse delay is the default.
     - ``max_open_conversations``: per tracker (per partition); events that would open more are
       shed with the reason ``open_limit`` (memory: about 0.69 GiB per million, 3 turns each).
+    - ``shared_index_blocks``: block ids the shared-prefix index remembers per tracker (about
+      100 bytes each); 0 turns the shared-prefix statistics off.
+    - ``shared_index_dense_tokens``: the shared-prefix index takes every block id of the first
+      2 x this many tokens of a request (at least 32 blocks), then fewer and fewer (see
+      ``kvcast.stats.shared_prefix``): shared prefixes are exact there, within 1/(4 x the
+      dense blocks) beyond.
     """
 
     block_size: int = 16
@@ -38,6 +44,8 @@ class StatsConfig:
     default_p_continue: float = 0.5
     default_median_reuse_s: float = 150.0
     max_open_conversations: int = 1_000_000
+    shared_index_blocks: int = 1_000_000
+    shared_index_dense_tokens: int = 256
 
     def __post_init__(self) -> None:
         problems = []
@@ -67,6 +75,12 @@ class StatsConfig:
             problems.append(
                 f"max_open_conversations must be >= 1, got {self.max_open_conversations}"
             )
+        if self.shared_index_dense_tokens < 1:
+            problems.append(
+                f"shared_index_dense_tokens must be >= 1, got {self.shared_index_dense_tokens}"
+            )
+        if self.shared_index_blocks < 0:
+            problems.append(f"shared_index_blocks must be >= 0, got {self.shared_index_blocks}")
         if not self.default_median_reuse_s > 0:
             problems.append(
                 f"default_median_reuse_s must be > 0, got {self.default_median_reuse_s}"

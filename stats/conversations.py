@@ -32,6 +32,12 @@ from typing import Literal, NamedTuple
 
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.events import Event
+from kvcast.stats.shared_prefix import (
+    MIN_DENSE_BLOCKS,
+    BlockId,
+    SharedGaps,
+    SharedPrefixIndex,
+)
 
 Outcome = Literal["accepted", "duplicate", "too_late", "future", "open_limit"]
 
@@ -41,7 +47,12 @@ _new_tuple = tuple.__new__
 
 
 class TurnRecord(NamedTuple):
-    """One turn of a conversation: arrival (s), input blocks, intent label.
+    """One turn of a conversation: arrival (s), input blocks, intent label, shared prefix.
+
+    ``blocks`` is R = ceil(input_tokens / block_size); the first ``shared_blocks`` of them are
+    shared with other conversations (``kvcast.stats.shared_prefix``), ``shared_gaps`` are those
+    blocks' (gap s, blocks) since their previous reference, ``shared_born`` how many of them
+    became shared with this turn.
 
     An immutable tuple of atoms: the garbage collector stops tracking it, which matters with
     millions of open turns (a slotted class would be walked by every full collection).
@@ -51,6 +62,9 @@ class TurnRecord(NamedTuple):
     blocks: int
     input_tokens: int
     intent: str
+    shared_blocks: int = 0
+    shared_gaps: SharedGaps = ()
+    shared_born: int = 0
 
 
 @dataclass(slots=True)
@@ -60,6 +74,7 @@ class Conversation:
     session_id: str
     turns: dict[int, TurnRecord] = field(default_factory=dict)
     last_ts: float = -math.inf
+    held: tuple[BlockId, ...] = ()  # its private blocks in the shared-prefix index
 
     @property
     def intent(self) -> str:
@@ -142,6 +157,11 @@ class ConversationTracker:
         self._skew = config.max_future_skew_s
         self._clock = time.time() if clock_s is None else clock_s
         self._future_bound = self._clock + self._skew
+        self.shared_index = SharedPrefixIndex(
+            config.shared_index_blocks,
+            config.completion_timeout_s,
+            max(MIN_DENSE_BLOCKS, config.shared_index_dense_tokens // config.block_size),
+        )
 
     @classmethod
     def restore(
@@ -151,10 +171,12 @@ class ConversationTracker:
         conversations: list[Conversation],
         seen_ids: dict[str, float],
         *,
+        shared_blocks: dict[BlockId, float] | None = None,
         track_changes: bool = True,
         clock_s: float | None = None,
     ) -> ConversationTracker:
-        """Rebuild a tracker from a checkpoint (its open conversations and remembered ids)."""
+        """Rebuild a tracker from a checkpoint (its open conversations, remembered ids and
+        shared-block table)."""
         tracker = cls(config, track_changes=track_changes, clock_s=clock_s)
         tracker._newest_ts = newest_ts
         tracker._future_bound = max(newest_ts, tracker._clock) + tracker._skew
@@ -167,6 +189,9 @@ class ConversationTracker:
         for request_id, timestamp in seen_ids.items():
             tracker._seen_ids[request_id] = timestamp
             tracker._id_expiry.add(math.floor(timestamp), request_id)
+        tracker.shared_index.restore(
+            shared_blocks or {}, ((c.session_id, c.held) for c in conversations)
+        )
         return tracker
 
     def open_items(self) -> dict[str, Conversation]:
@@ -227,12 +252,28 @@ class ConversationTracker:
         completed: list[Conversation] = []
         timeout = self._timeout
         if conversation is not None and timestamp > conversation.last_ts + timeout:
-            completed.append(open_.pop(session_id))
+            self._release(open_.pop(session_id), completed)
             conversation = None
         input_tokens = event.input_tokens
-        record = _new_tuple(
-            TurnRecord, (timestamp, -(-input_tokens // self._block_size), input_tokens, intent)
-        )
+        blocks = -(-input_tokens // self._block_size)
+        hashes = event.block_hashes
+        held = None
+        if hashes:
+            newest = conversation is None or event.turn >= max(conversation.turns)
+            run, held = self.shared_index.observe(
+                session_id,
+                timestamp,
+                hashes,
+                conversation.held if conversation is not None else (),
+                self._last_seen,
+                newest,
+            )
+            shared = run.blocks if run.blocks < blocks else blocks
+            record = _new_tuple(
+                TurnRecord, (timestamp, blocks, input_tokens, intent, shared, run.gaps, run.born)
+            )
+        else:
+            record = _new_tuple(TurnRecord, (timestamp, blocks, input_tokens, intent, 0, (), 0))
         if conversation is None:
             conversation = open_[session_id] = Conversation(session_id, {event.turn: record})
         else:
@@ -243,6 +284,8 @@ class ConversationTracker:
                 previous.input_tokens,
             ):
                 turns[event.turn] = record
+        if held is not None:
+            conversation.held = held
         if timestamp > conversation.last_ts:
             conversation.last_ts = timestamp
             self._deadlines.add(_floor(timestamp + timeout), session_id)
@@ -253,9 +296,23 @@ class ConversationTracker:
             if timestamp + self._skew > self._future_bound:
                 self._future_bound = timestamp + self._skew
             watermark = timestamp - self._lateness
-            if self._id_expiry.next_due <= watermark or self._deadlines.next_due <= watermark:
+            if (
+                self._id_expiry.next_due <= watermark
+                or self._deadlines.next_due <= watermark
+                or self.shared_index.next_due <= watermark
+            ):
                 completed.extend(self._complete_due(watermark))
         return "accepted", completed
+
+    def _last_seen(self, session_id: str) -> float:
+        """Newest event time (s) of an open conversation: its blocks' last reference."""
+        return self._open[session_id].last_ts
+
+    def _release(self, conversation: Conversation, completed: list[Conversation]) -> None:
+        """``conversation`` completed: hand it out and take its blocks out of the index."""
+        if conversation.held:
+            self.shared_index.release(conversation.session_id, conversation.held)
+        completed.append(conversation)
 
     def flush(self) -> list[Conversation]:
         """End of a finite input: the watermark passes every event; all conversations complete."""
@@ -265,6 +322,7 @@ class ConversationTracker:
             self.changes.touched_sessions.update(self._open)
         completed.extend(self._open.values())
         self._open.clear()
+        self.shared_index.clear()
         self._seen_ids.clear()
         for _ in self._id_expiry.pop_all():
             pass
@@ -286,7 +344,8 @@ class ConversationTracker:
                     conversation is not None
                     and math.floor(conversation.last_ts + timeout) == second
                 ):
-                    completed.append(self._open.pop(session_id))
+                    self._release(self._open.pop(session_id), completed)
                     if changes is not None:
                         changes.touched_sessions.add(session_id)
+        self.shared_index.expire(watermark)
         return completed

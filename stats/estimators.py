@@ -7,6 +7,8 @@ weight v_k (blocks it reuses when it hits); every variant is solved exactly by
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -15,6 +17,7 @@ from kvcast.stats.meanfield import EmpiricalModel, HitRatioModel
 from kvcast.stats.sample import WorkloadSample
 
 VARIANTS = ("paper", "paper_whole", "intent", "state", "sample")
+SHARED_VARIANTS = ("state", "sample")  # per-revisit sizes, so they can be taken net of sharing
 DISPLACEMENTS = ("whole", "hashable")
 REFINEMENTS = ("none", "tagged", "fluctuation")
 # The product's ``hit_ratio``: chosen by measured error against Algorithm 1 (docs/validation.md).
@@ -93,3 +96,61 @@ def sample_model(
     if refinement != "fluctuation":
         return model
     return FluctuationModel(model, W, v, R, EB2=final_blocks_second_moment(sample))
+
+
+def shared_model(
+    sample: WorkloadSample,
+    lam: float,
+    variant: str = DEFAULT_VARIANT,
+    displacement: str = DEFAULT_DISPLACEMENT,
+    refinement: str = DEFAULT_REFINEMENT,
+    instances: int = 1,
+) -> EmpiricalModel:
+    """The forecast with shared blocks (docs/validation.md, "Shared prefixes").
+
+    One LRU characteristic time for two kinds of content: each conversation's own blocks
+    (its revisits' sizes net of their shared leading blocks) and the shared blocks, each
+    reference again of a shared block after a gap g being a revisit of one block with delay g
+    (moves 1 block, reuses 1 block). A shared block's life adds the time it stays after its last
+    reference, T, like a conversation's final content: ``shared_born / L`` per conversation
+    next to ``E_B``. The first reference of every shared block has no gap: the compulsory miss.
+    ``A_R`` counts every input block, shared ones included.
+
+    ``instances`` > 1: one instance sees its share of the references, so the gaps are
+    stretched by ``instances`` (the thinning of a Poisson stream; an approximation).
+    """
+    if variant not in SHARED_VARIANTS:
+        raise ValueError(
+            f"the shared-prefix forecast takes variant {' or '.join(SHARED_VARIANTS)}, "
+            f"got {variant!r}"
+        )
+    if refinement not in ("none", "tagged"):
+        raise ValueError(
+            f"the shared-prefix forecast takes refinement none or tagged, got {refinement!r}"
+        )
+    tot = sample.total()
+    L = tot.conversations
+    n = np.asarray(sample.delay_s).size
+    shared_prev = (
+        np.zeros(n) if sample.prev_shared is None else np.asarray(sample.prev_shared, np.float64)
+    )
+    own = np.maximum(np.asarray(sample.prev_blocks, dtype=np.float64) - shared_prev, 0.0)
+    W, w, v = revisit_weights(replace(sample, prev_blocks=own), variant, displacement)
+    gaps = np.zeros(0) if sample.shared_gap_s is None else np.asarray(sample.shared_gap_s)
+    counts = (
+        np.zeros(0) if sample.shared_gap_blocks is None else np.asarray(sample.shared_gap_blocks)
+    )
+    gaps = gaps.astype(np.float64) * float(instances)
+    counts = counts.astype(np.float64)
+    return EmpiricalModel(
+        np.concatenate((W, gaps)),
+        np.concatenate((w, counts)),
+        np.concatenate((v, counts)),
+        lam=lam,
+        E_B=(tot.sum_B - tot.sum_S_B + tot.shared_born) / L if L else 0.0,
+        A_R=tot.sum_R / L if L else 0.0,
+        L=L,
+        tagged_blocks=np.concatenate((own, np.zeros_like(gaps)))
+        if refinement == "tagged"
+        else None,
+    )

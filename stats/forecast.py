@@ -38,9 +38,11 @@ from kvcast.stats.estimators import (
     DEFAULT_VARIANT,
     DISPLACEMENTS,
     REFINEMENTS,
+    SHARED_VARIANTS,
     VARIANTS,
     revisit_weights,
     sample_model,
+    shared_model,
 )
 from kvcast.stats.finite_size import FluctuationModel
 from kvcast.stats.meanfield import EmpiricalModel, HitRatioModel, single_class_model
@@ -52,16 +54,21 @@ __all__ = [
     "DEFAULT_VARIANT",
     "DISPLACEMENTS",
     "REFINEMENTS",
+    "SHARINGS",
     "VARIANTS",
     "CurvePoint",
     "Forecast",
     "IntentForecast",
     "RequiredCapacity",
+    "SharedForecast",
     "forecast_from_moments",
     "forecast_from_sample",
     "revisit_weights",
     "sample_model",
 ]
+
+
+SHARINGS = ("auto", "none")
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,21 @@ class IntentForecast:
     E_M: float
     hit_ratio: float
     upper_bound: float
+
+
+@dataclass(frozen=True)
+class SharedForecast:
+    """The shared blocks' part of the forecast at the configured capacity (one instance).
+
+    ``blocks``: shared blocks resident at T_C; ``hit_ratio``: their hits over all input blocks
+    (part of ``Forecast.hit_ratio``); ``rate_per_s``: references to shared blocks per second;
+    ``estimator``: the name of the estimator that made ``Forecast.hit_ratio``.
+    """
+
+    blocks: float | None
+    hit_ratio: float | None
+    rate_per_s: float | None
+    estimator: str
 
 
 @dataclass(frozen=True)
@@ -131,6 +153,8 @@ class Forecast:
     by_intent: tuple[IntentForecast, ...] = ()
     curve: tuple[CurvePoint, ...] | None = None
     required_capacity: RequiredCapacity | None = None
+    shared: SharedForecast | None = None
+    estimators: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict: plain Python numbers, None in place of NaN/inf."""
@@ -304,11 +328,14 @@ def forecast_from_sample(
     capacities: Sequence[float] | None = None,
     target: float | None = None,
     kv_bytes_per_token: float | None = None,
+    sharing: str = "auto",
 ) -> Forecast:
     """Forecast for one of ``instances`` instances of ``capacity_blocks`` blocks each.
 
     ``hit_ratio`` uses ``variant``/``displacement``/``refinement``; ``hit_ratio_single_class``
-    is ``paper`` (mean field, no refinement).
+    is ``paper`` (mean field, no refinement). ``sharing='auto'``: when the window saw shared
+    prefixes, ``hit_ratio`` is the forecast with shared blocks (:func:`shared_model`), with
+    ``shared`` and every estimator's value in ``estimators``; ``'none'``: conversations only.
     """
     lambda0 = sample.lambda0
     _validate(
@@ -351,12 +378,61 @@ def forecast_from_sample(
     model = sample_model(sample, lam, variant, displacement, "none" if plain else refinement)
     exact_paper = variant == "paper"
     single = model if exact_paper else sample_model(sample, lam, "paper", refinement="none")
+    if sharing not in SHARINGS:
+        raise ValueError(f"sharing must be one of {', '.join(SHARINGS)}, got {sharing!r}")
+    with_shared = sharing == "auto" and sample.has_shared and variant in SHARED_VARIANTS
+    conversational = model
+    if with_shared:
+        model = shared_model(
+            sample, lam, variant, displacement, "none" if plain else refinement, instances
+        )
     forecast, t_c = _assemble(
         model, single, fields, capacities, target, kv_bytes_per_token, rate_status
     )
     _, _, hit_w = revisit_weights(sample, variant, displacement)
-    resident = _resident(model, sample, float(capacity_blocks), t_c)
-    return replace(forecast, by_intent=_by_intent(sample, hit_w, resident))
+    n = float(capacity_blocks)
+    # The per-intent breakdown is the conversations' own (at their own T_C).
+    resident = _resident(conversational, sample, n, float(conversational.characteristic_time(n)))
+    forecast = replace(forecast, by_intent=_by_intent(sample, hit_w, resident))
+    own = f"{variant}/{displacement}/{'none' if plain else refinement}"
+    if not with_shared:
+        estimators = {
+            own: forecast.hit_ratio,
+            "paper/hashable/none": forecast.hit_ratio_single_class,
+        }
+        return replace(forecast, estimators=estimators)
+    name = f"shared/{own}"
+    return replace(
+        forecast,
+        shared=_shared_part(sample, lam, t_c, instances, name),
+        estimators={
+            name: forecast.hit_ratio,
+            own: float(conversational.hit_ratio(n)),
+            "paper/hashable/none": forecast.hit_ratio_single_class,
+        },
+    )
+
+
+def _shared_part(
+    sample: WorkloadSample, lam: float, t_c: float, instances: int, name: str
+) -> SharedForecast:
+    """The shared blocks' residency and hits at T_C (see :func:`shared_model`)."""
+    tot = sample.total()
+    L = tot.conversations
+    gaps = np.asarray(sample.shared_gap_s, dtype=np.float64) * instances
+    counts = np.asarray(sample.shared_gap_blocks, dtype=np.float64)
+    if not (L and lam > 0):
+        return SharedForecast(None, None, None, name)
+    per_s = lam / L  # conversations' sums per second at this instance's rate
+    t = t_c if math.isfinite(t_c) else math.inf
+    resident = per_s * (tot.shared_born * t + float(np.sum(counts * np.minimum(gaps, t))))
+    hits = float(np.sum(counts[gaps <= t])) if gaps.size else 0.0
+    return SharedForecast(
+        blocks=_finite(resident),
+        hit_ratio=hits / tot.sum_R if tot.sum_R > 0 else None,
+        rate_per_s=per_s * tot.sum_S,
+        estimator=name,
+    )
 
 
 def forecast_from_moments(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
@@ -26,30 +27,43 @@ from kvcast.stats.engine import (
     keep_rejection,
 )
 from kvcast.stats.events import Event
+from kvcast.stats.shared_prefix import BlockId
 from kvcast.stats.window import Bucket, StatsWindow
 
 
 def encode_conversation(conversation: Conversation) -> bytes:
-    """Compact JSON of an open conversation (no user text: turns, times, sizes, intents)."""
-    return orjson.dumps(
+    """Compact JSON of an open conversation (no user text: turns, times, sizes, intents, the
+    shared prefix of the turns that had one, and the block ids it holds in the index)."""
+    payload: list[Any] = [
+        conversation.last_ts,
         [
-            conversation.last_ts,
-            [
-                [turn, r.timestamp, r.blocks, r.input_tokens, r.intent]
-                for turn, r in conversation.turns.items()
-            ],
-        ]
-    )
+            [turn, r.timestamp, r.blocks, r.input_tokens, r.intent]
+            if not r.shared_blocks
+            else [turn, *r[:4], r.shared_blocks, r.shared_gaps, r.shared_born]
+            for turn, r in conversation.turns.items()
+        ],
+    ]
+    if conversation.held:
+        payload.append(conversation.held)
+    return orjson.dumps(payload)
+
+
+def _turn_record(row: list) -> TurnRecord:
+    """A stored turn: ``[turn, ts, blocks, tokens, intent]``, plus ``shared_blocks, gaps,
+    born`` when the turn shared a prefix (checkpoints written before 0.3 have five items)."""
+    if len(row) == 5:
+        return TurnRecord(row[1], row[2], row[3], row[4])
+    gaps = tuple((float(gap), int(count)) for gap, count in row[6])
+    return TurnRecord(row[1], row[2], row[3], row[4], row[5], gaps, row[7])
 
 
 def decode_conversation(session_id: str, payload: bytes) -> Conversation:
-    last_ts, turns = orjson.loads(payload)
+    last_ts, turns, *held = orjson.loads(payload)
     return Conversation(
         session_id=session_id,
-        turns={
-            t: TurnRecord(ts, blocks, tokens, intent) for t, ts, blocks, tokens, intent in turns
-        },
+        turns={row[0]: _turn_record(row) for row in turns},
         last_ts=last_ts,
+        held=tuple(held[0]) if held else (),
     )
 
 
@@ -61,6 +75,7 @@ class PartitionCheckpoint:
     newest_ts: float
     conversations: dict[str, bytes] = field(default_factory=dict)
     seen_ids: dict[str, float] = field(default_factory=dict)
+    shared_blocks: dict[BlockId, float] = field(default_factory=dict)  # block -> last use (s)
 
 
 @dataclass
@@ -78,11 +93,15 @@ class PartitionDelta:
     buckets: dict[int, Bucket]
     arrivals: ArrivalStats
     counters: EventCounters
+    shared_upserts: dict[BlockId, float] = field(default_factory=dict)
+    shared_removals: list[BlockId] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
         return not (
-            self.upserts
+            self.shared_upserts
+            or self.shared_removals
+            or self.upserts
             or self.removals
             or self.ids_added
             or self.ids_removed
@@ -116,6 +135,7 @@ class PartitionEngine:
             checkpoint.newest_ts,
             [decode_conversation(s, p) for s, p in checkpoint.conversations.items()],
             checkpoint.seen_ids,
+            shared_blocks=checkpoint.shared_blocks,
         )
         self._reset_pending()
         # Rejections since the daemon last took them (its log, its dead letters), the first
@@ -170,6 +190,7 @@ class PartitionEngine:
         """Hand over everything since the last delta and start a new one."""
         changes = self.tracker.changes
         assert changes is not None
+        shared = self.tracker.shared_index.changes
         open_conversations = self.tracker.open_items()
         upserts = {}
         removals = []
@@ -191,7 +212,10 @@ class PartitionEngine:
             buckets=self._window.buckets,
             arrivals=self._arrivals,
             counters=self._counters,
+            shared_upserts=dict(shared.upserts),
+            shared_removals=sorted(shared.removals, key=repr),
         )
+        shared.clear()
         changes.touched_sessions.clear()
         changes.ids_added.clear()
         changes.ids_removed.clear()

@@ -63,18 +63,20 @@ class Snapshot:
 
 def _delay_columns(
     delays: list[DelaySample], position: dict[str, int]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The delay samples as columns: delay (s), previous turn's blocks, intent index, turn.
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The delay samples as columns: delay (s), previous turn's blocks, intent index, turn,
+    and the previous turn's shared leading blocks.
 
-    One flat list of all fields, then every fourth item per column: both steps run in C
+    One flat list of all fields, then every fifth item per column: both steps run in C
     (1.2x faster than transposing with ``zip(*rows)``, 2x faster than a generator a column).
     """
     flat = list(chain.from_iterable(delays))
     return (
-        np.array(flat[0::4], np.float64),
-        np.array(flat[1::4], np.int64),
-        np.fromiter(map(position.__getitem__, flat[2::4]), np.int32, len(delays)),
-        np.array(flat[3::4], np.int32),
+        np.array(flat[0::5], np.float64),
+        np.array(flat[1::5], np.int64),
+        np.fromiter(map(position.__getitem__, flat[2::5]), np.int32, len(delays)),
+        np.array(flat[3::5], np.int32),
+        np.array(flat[4::5], np.int64),
     )
 
 
@@ -95,15 +97,17 @@ def take_snapshot(
         total.merge(bucket)
     intents = tuple(sorted(total.moments))
     position = {intent: index for index, intent in enumerate(intents)}
-    delay_s, prev_blocks, intent, turn = _delay_columns(total.delays, position)
+    delay_s, prev_blocks, intent, turn, prev_shared = _delay_columns(total.delays, position)
     # Canonical order: the result must not depend on the order conversations completed in.
-    order = np.lexsort((prev_blocks, delay_s, turn, intent))
-    delay_s, prev_blocks, intent, turn = (
+    order = np.lexsort((prev_shared, prev_blocks, delay_s, turn, intent))
+    delay_s, prev_blocks, intent, turn, prev_shared = (
         delay_s[order],
         prev_blocks[order],
         intent[order],
         turn[order],
+        prev_shared[order],
     )
+    shared_gap_s, shared_gap_blocks = _shared_gap_columns(total)
     fits = _log_delay_fits(delay_s, intent, turn, intents)
     states = tuple(
         _state_stats(name, state_turn, sums, fits.get((name, state_turn)), config)
@@ -119,6 +123,9 @@ def take_snapshot(
                 sum_H_hash=float(m.sum_H_hash),
                 sum_B=float(m.sum_B),
                 sum_M=float(m.sum_M),
+                sum_S=float(m.sum_S),
+                sum_S_B=float(m.sum_S_B),
+                shared_born=float(m.shared_born),
             )
             for m in (total.moments[name] for name in intents)
         ),
@@ -126,6 +133,9 @@ def take_snapshot(
         prev_blocks=prev_blocks,
         intent=intent,
         turn=turn,
+        prev_shared=prev_shared,
+        shared_gap_s=shared_gap_s,
+        shared_gap_blocks=shared_gap_blocks,
         lambda0=arrivals.lambda0(),
         observed_hit_ratio=arrivals.observed_hit_ratio(),
     )
@@ -135,6 +145,17 @@ def take_snapshot(
         window_conversations=total.conversations,
         generated_at=now_s,
     )
+
+
+def _shared_gap_columns(total: Bucket) -> tuple[np.ndarray, np.ndarray]:
+    """The shared blocks' gaps (s) and block counts, equal gaps summed, in gap order."""
+    if not total.shared_gaps:
+        return np.zeros(0, np.float64), np.zeros(0, np.int64)
+    flat = list(chain.from_iterable(total.shared_gaps))
+    gaps = np.array(flat[0::2], np.float64)
+    blocks = np.array(flat[1::2], np.int64)
+    unique, inverse = np.unique(gaps, return_inverse=True)
+    return unique, np.bincount(inverse.ravel(), weights=blocks).astype(np.int64)
 
 
 def _log_delay_fits(

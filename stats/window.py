@@ -49,6 +49,11 @@ class MomentSums:
     sum_H_hash: int = 0
     sum_B: int = 0
     sum_M: int = 0
+    # Shared prefixes (kvcast.stats.shared_prefix): leading shared blocks over all turns, over
+    # the final turns, and blocks that became shared (one per shared block's life).
+    sum_S: int = 0
+    sum_S_B: int = 0
+    shared_born: int = 0
 
     def add(self, other: MomentSums) -> None:
         self.conversations += other.conversations
@@ -57,6 +62,9 @@ class MomentSums:
         self.sum_H_hash += other.sum_H_hash
         self.sum_B += other.sum_B
         self.sum_M += other.sum_M
+        self.sum_S += other.sum_S
+        self.sum_S_B += other.sum_S_B
+        self.shared_born += other.shared_born
 
 
 class DelaySample(NamedTuple):
@@ -69,6 +77,17 @@ class DelaySample(NamedTuple):
     prev_blocks: int
     intent: str
     turn: int
+    # Of prev_blocks, the leading ones the revisit (turn t+1) finds shared with other
+    # conversations: their reuse is counted as shared-block references, not as the revisit's.
+    prev_shared: int = 0
+
+
+class SharedGap(NamedTuple):
+    """``blocks`` shared blocks referenced again ``gap_s`` seconds after their previous
+    reference (by any conversation)."""
+
+    gap_s: float
+    blocks: int
 
 
 @dataclass(slots=True)
@@ -79,6 +98,7 @@ class Bucket:
     states: dict[StateKey, StateSums] = field(default_factory=dict)
     moments: dict[str, MomentSums] = field(default_factory=dict)
     delays: list[DelaySample] = field(default_factory=list)
+    shared_gaps: list[SharedGap] = field(default_factory=list)
 
     def merge(self, other: Bucket) -> None:
         """Add another bucket's contributions (another instance, or another bucket)."""
@@ -88,6 +108,7 @@ class Bucket:
         for intent, moments in other.moments.items():
             self.moments.setdefault(intent, MomentSums()).add(moments)
         self.delays.extend(other.delays)
+        self.shared_gaps.extend(other.shared_gaps)
 
     def add_conversation(self, conversation: Conversation, max_turn: int) -> None:
         """Fold one completed conversation in (SPEC section 3).
@@ -113,6 +134,12 @@ class Bucket:
         delays = self.delays
         previous_turn = order[0]
         previous = turns[previous_turn]
+        sum_S = shared_born = 0
+        for record in turns.values():
+            if record.shared_blocks:
+                sum_S += record.shared_blocks
+                shared_born += record.shared_born
+                self.shared_gaps.extend(_new_tuple(SharedGap, gap) for gap in record.shared_gaps)
         for turn in order[1:]:
             record = turns[turn]
             blocks = previous.blocks
@@ -129,6 +156,7 @@ class Bucket:
                             blocks,
                             intent,
                             previous_turn if previous_turn < max_turn else max_turn,
+                            record.shared_blocks if record.shared_blocks < blocks else blocks,
                         ),
                     )
                 )
@@ -142,6 +170,10 @@ class Bucket:
         moments.sum_H_hash += sum_H_hash
         moments.sum_B += last.blocks
         moments.sum_M += last_turn
+        if sum_S:
+            moments.sum_S += sum_S
+            moments.sum_S_B += last.shared_blocks
+            moments.shared_born += shared_born
         self.conversations += 1
 
 

@@ -45,6 +45,9 @@ def canonical(snapshot: Snapshot) -> tuple:
         s.prev_blocks.tobytes(),
         s.intent.tobytes(),
         s.turn.tobytes(),
+        None if s.prev_shared is None else s.prev_shared.tobytes(),
+        None if s.shared_gap_s is None else s.shared_gap_s.tobytes(),
+        None if s.shared_gap_blocks is None else s.shared_gap_blocks.tobytes(),
         s.lambda0,
         s.observed_hit_ratio,
         snapshot.window_conversations,
@@ -109,3 +112,61 @@ def start_daemon(
     return DaemonProcess(
         daemon_args(bootstrap, topic, store_url, namespace, *extra), log_dir / "daemon.log"
     )
+
+
+def shared_prefix_events(
+    conversations: int = 300,
+    *,
+    seed: int = 0,
+    rate_per_s: float = 1.0,
+    prompts: int = 3,
+    prompt_blocks: int = 4,
+    fork_share: float = 0.2,
+    block_size: int = 16,
+) -> list[dict]:
+    """Events with ``block_hashes`` whose conversations share prefixes, in timestamp order.
+
+    Each conversation starts with one of ``prompts`` system prompts (``prompt_blocks`` blocks,
+    the first ones twice as popular as the next), or, with probability ``fork_share``, with the
+    full blocks of an earlier request of any conversation (a branch); then its own blocks, 1-3
+    more a turn, and a partly filled last block of its own. Every request repeats the full
+    blocks of the one before it (ids are whole-prefix ids).
+    """
+    import random
+
+    rng = random.Random(seed)
+    weights = [2.0 ** -k for k in range(prompts)]
+    branch_points: list[list[int]] = []  # every request's full blocks so far
+    events = []
+    start = 0.0
+    next_id = 1_000_000
+    for c in range(conversations):
+        start += rng.expovariate(rate_per_s)
+        if branch_points and rng.random() < fork_share:
+            ids = list(rng.choice(branch_points))
+        else:
+            prompt = rng.choices(range(prompts), weights)[0]
+            ids = [prompt * 1000 + k for k in range(prompt_blocks)]
+        t = start
+        turns = 1 + min(int(rng.expovariate(0.5)), 6)
+        for turn in range(1, turns + 1):
+            for _ in range(rng.randint(1, 3)):
+                ids.append(next_id)
+                next_id += 1
+            branch_points.append(list(ids))
+            # The last block is partly filled: its id is the request's own (the next turn's
+            # longer prompt fills it, under another id).
+            events.append(
+                {
+                    "session_id": f"c{c}",
+                    "turn": turn,
+                    "timestamp": round(t, 3),
+                    "input_tokens": len(ids) * block_size + block_size // 2,
+                    "output_tokens": 10,
+                    "block_hashes": [*ids, next_id],
+                }
+            )
+            next_id += 1
+            t += rng.expovariate(1 / 40.0)
+    events.sort(key=lambda e: (e["timestamp"], e["turn"]))
+    return events

@@ -10,7 +10,7 @@ import click
 import orjson
 
 from kvcast.cli.options import Floats, Ints, block_size_option
-from kvcast.lab.workload.generator import generate, ground_truth
+from kvcast.lab.workload.generator import generate, ground_truth, unbounded_hit_ratio
 from kvcast.lab.workload.presets import PRESETS, preset
 
 _CHUNK = 4096
@@ -75,6 +75,13 @@ def _write(lines: Any, out: BinaryIO) -> None:
     show_default=True,
     help="Time of the arrival window's start, seconds (e.g. a Unix epoch).",
 )
+@click.option(
+    "--block-hashes/--no-block-hashes",
+    "block_hashes",
+    default=None,
+    help="Add the input's KV block ids (default: with the sharing presets, which need them; "
+    "--no-block-hashes gives the same workload with every conversation's content its own).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
 def generate_command(
     out: str,
@@ -87,6 +94,7 @@ def generate_command(
     prompts: bool,
     cached_capacity_blocks: int | None,
     start_time: float,
+    block_hashes: bool | None,
     as_json: bool,
 ) -> None:
     """Write a synthetic workload (the mean-field paper's multi-turn conversation model with
@@ -106,6 +114,7 @@ def generate_command(
         prompts=prompts,
         cached_capacity_blocks=cached_capacity_blocks,
         start_time=start_time,
+        block_hashes=block_hashes,
     )
     if out == "-":
         _write(trace.jsonl_lines(), sys.stdout.buffer)
@@ -134,6 +143,11 @@ def generate_command(
         "intents": dict(sorted(per_intent.items())),
         "upper_bound_model": sum(t.share * t.A_H_hash for t in truth.values()) / a_r,
     }
+    if model.sharing is not None:
+        # The model bound ignores sharing; the trace's own bound counts it (unbounded cache).
+        del summary["upper_bound_model"]
+        if trace.block_ids is not None:
+            summary["upper_bound_trace"] = unbounded_hit_ratio(trace)
     if trace.cached_tokens is not None:
         total_in = int(trace.input_tokens.sum())
         cached = int(trace.cached_tokens.sum())

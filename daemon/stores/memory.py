@@ -65,6 +65,9 @@ class MemoryStore:
             checkpoint.seen_ids.update(delta.ids_added)
             for request_id in delta.ids_removed:
                 checkpoint.seen_ids.pop(request_id, None)
+            checkpoint.shared_blocks.update(delta.shared_upserts)
+            for block in delta.shared_removals:
+                checkpoint.shared_blocks.pop(block, None)
             own = self._buckets.setdefault(delta.partition, {})
             for index, bucket in delta.buckets.items():
                 own.setdefault(index, Bucket()).merge(bucket)

@@ -4,10 +4,12 @@ Keys all start with ``NAMESPACE:{NAMESPACE}:`` (a literal prefix for ACLs, and o
 the multi-key commit transaction is legal on Redis Cluster). Layout:
 
 - ``part:P`` hash (offset, newest_ts), ``open:P`` hash (session -> open conversation),
-  ``ids:P`` hash (request id -> event time): partition P's checkpoint;
+  ``ids:P`` hash (request id -> event time), ``shared:P`` hash (shared block id as JSON ->
+  its last reference, event time): partition P's checkpoint;
 - ``parts`` set of the partitions with window buckets; per partition P, ``buckets:P`` sorted
-  set of its bucket indices, ``bucket:P:I`` hash of counts and sums and ``delays:P:I`` list of
-  delay-sample batches: its window, additive across its owners over time. The window read is
+  set of its bucket indices, ``bucket:P:I`` hash of counts and sums, ``delays:P:I`` list of
+  delay-sample batches and ``sgaps:P:I`` list of shared-block gap batches: its window,
+  additive across its owners over time. The window read is
   every partition's cut at its own age limit (``part:P`` newest_ts), then merged. (Before
   version 0.2 the buckets were one window for all partitions: ``buckets``, ``bucket:I``,
   ``delays:I``; such keys are still read, anchored at the newest event time of all, and
@@ -46,6 +48,7 @@ from kvcast.stats.window import (
     Bucket,
     DelaySample,
     MomentSums,
+    SharedGap,
     StateSums,
     StatsWindow,
     merge_anchored,
@@ -80,6 +83,8 @@ return 0
 """
 
 _MOMENT_FIELDS = ("conversations", "sum_R", "sum_H", "sum_H_hash", "sum_B", "sum_M")
+# Written only when not zero (most deployments send no block hashes).
+_SHARED_MOMENT_FIELDS = ("sum_S", "sum_S_B", "shared_born")
 _CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 # Errors after which the store is retried with backoff instead of stopping the daemon: lost
 # connections, and a server that refuses the command (OOM at maxmemory with noeviction,
@@ -165,7 +170,8 @@ class RedisStore:
             pipe.hgetall(self.key("part", partition))
             pipe.hgetall(self.key("open", partition))
             pipe.hgetall(self.key("ids", partition))
-            meta, conversations, ids = pipe.execute()
+            pipe.hgetall(self.key("shared", partition))
+            meta, conversations, ids, shared = pipe.execute()
         except _STORE_ERRORS as exc:
             raise _unavailable(exc) from None
         if not meta:
@@ -175,6 +181,7 @@ class RedisStore:
             newest_ts=float(meta[b"newest_ts"]),
             conversations={k.decode(): v for k, v in conversations.items()},
             seen_ids={k.decode(): float(v) for k, v in ids.items()},
+            shared_blocks={orjson.loads(k): float(v) for k, v in shared.items()},
         )
 
     def commit(self, delta: PartitionDelta) -> None:
@@ -215,6 +222,13 @@ class RedisStore:
             )
         if delta.ids_removed:
             pipe.hdel(self.key("ids", part), *delta.ids_removed)
+        if delta.shared_upserts:
+            pipe.hset(
+                self.key("shared", part),
+                mapping={orjson.dumps(k): repr(v) for k, v in delta.shared_upserts.items()},
+            )
+        if delta.shared_removals:
+            pipe.hdel(self.key("shared", part), *[orjson.dumps(k) for k in delta.shared_removals])
         pipe.eval(
             _KEEP_EXTREME, 1, self.key("arr", "meta"), "newest_ts", repr(delta.newest_ts), "max"
         )
@@ -248,11 +262,26 @@ class RedisStore:
         for intent, moments in bucket.moments.items():
             for name in _MOMENT_FIELDS:
                 sums_of_bucket += (_field("m", intent, name), getattr(moments, name))
+            for name in _SHARED_MOMENT_FIELDS:
+                if getattr(moments, name):
+                    sums_of_bucket += (_field("m", intent, name), getattr(moments, name))
         increments.add(self.key("bucket", part, index), sums_of_bucket)
         if bucket.delays:
             pipe.rpush(
                 self.key("delays", part, index),
-                orjson.dumps([[d.delay_s, d.prev_blocks, d.intent, d.turn] for d in bucket.delays]),
+                orjson.dumps(
+                    [
+                        [d.delay_s, d.prev_blocks, d.intent, d.turn]
+                        if not d.prev_shared
+                        else [d.delay_s, d.prev_blocks, d.intent, d.turn, d.prev_shared]
+                        for d in bucket.delays
+                    ]
+                ),
+            )
+        if bucket.shared_gaps:
+            pipe.rpush(
+                self.key("sgaps", part, index),
+                orjson.dumps([[g.gap_s, g.blocks] for g in bucket.shared_gaps]),
             )
 
     def _queue_arrivals(self, pipe: Any, increments: _Increments, arrivals: ArrivalStats) -> None:
@@ -292,6 +321,7 @@ class RedisStore:
                 for index in indices:
                     pipe.hgetall(self.key("bucket", part, index))
                     pipe.lrange(self.key("delays", part, index), 0, -1)
+                    pipe.lrange(self.key("sgaps", part, index), 0, -1)
             for index in legacy:
                 pipe.hgetall(self.key("bucket", index))
                 pipe.lrange(self.key("delays", index), 0, -1)
@@ -308,7 +338,7 @@ class RedisStore:
         for _, indices, newest_ts in owners:
             own = StatsWindow(config)
             for index in indices:
-                own.buckets[index] = _decode_bucket(next(fetched), next(fetched))
+                own.buckets[index] = _decode_bucket(next(fetched), next(fetched), next(fetched))
             partitions.append((own, float(newest_ts) if newest_ts is not None else -math.inf))
         if legacy:
             old = StatsWindow(config)
@@ -341,6 +371,7 @@ class RedisStore:
                 pipe.zrem(zset, *[str(i) for i in indices])
                 pipe.delete(*[self.key("bucket", *where, i) for i in indices])
                 pipe.delete(*[self.key("delays", *where, i) for i in indices])
+                pipe.delete(*[self.key("sgaps", *where, i) for i in indices])
                 deleted += len(indices)
             for name in ("starts", "cached_tokens", "input_tokens"):
                 key = self.key("arr", name)
@@ -369,7 +400,9 @@ class RedisStore:
         self._client.close()
 
 
-def _decode_bucket(fields: dict[bytes, bytes], delay_batches: list[bytes]) -> Bucket:
+def _decode_bucket(
+    fields: dict[bytes, bytes], delay_batches: list[bytes], gap_batches: list[bytes] = ()
+) -> Bucket:
     bucket = Bucket(conversations=int(fields.pop(b"n", 0)))
     for raw_field, raw_value in fields.items():
         kind, intent, name = orjson.loads(raw_field)
@@ -384,6 +417,8 @@ def _decode_bucket(fields: dict[bytes, bytes], delay_batches: list[bytes]) -> Bu
                 sums.continued = value
     for batch in delay_batches:
         bucket.delays.extend(DelaySample(*row) for row in orjson.loads(batch))
+    for batch in gap_batches:
+        bucket.shared_gaps.extend(SharedGap(*row) for row in orjson.loads(batch))
     return bucket
 
 

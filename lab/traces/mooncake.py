@@ -8,10 +8,10 @@ request). Request ``i`` continues the **most recent** earlier request ``j`` whos
 of ``i``'s ids, is longer than ``c`` ids, and is not longer than ``i``'s ids. The key of ``j`` is
 
 - ``match="full"`` (the SPEC's literal rule): all of ``j``'s ids;
-- ``match="hashable"``: ``j``'s ids without its last one when ``j``'s last block is partial
-  (``input_length % block_size != 0``). A partial block's id covers fewer tokens than the block
-  at the same place in the next turn's longer prompt, so it can never recur there; this is the
-  unhashable tail block of SPEC section 3.
+- ``match="hashable"`` (the converter's default): ``j``'s ids without its last one when
+  ``j``'s last block is partial (``input_length % block_size != 0``). A partial block's id
+  covers fewer tokens than the block at the same place in the next turn's longer prompt, so it
+  can never recur there; this is the unhashable tail block of SPEC section 3.
 
 ``i`` gets ``j``'s session and turn ``turn_j + 1``. A request has at most one continuation: when
 ``j`` already has one, ``i`` is a *fork* (a regenerated or branched prompt) and starts a new
@@ -105,7 +105,7 @@ def convert_mooncake(
     records: Iterable[tuple[int, Any]],
     *,
     block_size: int = BLOCK_SIZE,
-    match: str = "full",
+    match: str = "hashable",
     session_prefix: str = "mc",
 ) -> tuple[list[dict[str, Any]], ConversionSummary]:
     """Events (timestamp order) from ``(line, record)`` pairs; raises :class:`TraceError`.

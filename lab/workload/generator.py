@@ -6,8 +6,20 @@ inter-turn delays ``W_t`` (seconds; exponential or log-normal, per turn), its bl
 ``Z_j >= 1`` (KV blocks) and its output tokens. Turn j carries ``R_j = sum_{l<=j} Z_l`` blocks and
 ``input_tokens`` with ``ceil(input_tokens / block_size) == R_j`` exactly.
 
-Everything is drawn from one seeded ``numpy.random.Generator``: the same model, parameters and
-seed give the same trace. No file I/O here: ``Trace.jsonl_lines()`` yields bytes to write.
+Sharing across conversations (``WorkloadModel.sharing``, None in the paper's model): a root
+conversation's requests may start with a shared prefix (system prompt, tool definitions: named
+segments of full blocks, chosen by weight), and a conversation may spawn branches, conversations
+of their own whose turn 1 continues the parent's turn k (agentic fan-out). Turn j then carries
+``R_j = B + sum_{l<=j} Z_l`` blocks, ``B`` the inherited blocks (the prefix's, or the parent's
+turn-k blocks less its partly filled last one), and the events carry ``block_hashes``: chain
+hashes (``kvcast.lab.workload.block_ids``), ``len(block_hashes) == R_j``, the last block of each
+request its own.
+
+Everything is drawn from seeded ``numpy.random.Generator``s: the same model, parameters and seed
+give the same trace. The conversations' own draws use the seed's main stream exactly as without
+sharing; prefix choices and branches use streams of their own, so removing sharing from a model
+leaves its root conversations' turns, sizes and times as they are. No file I/O here:
+``Trace.jsonl_lines()`` yields bytes to write.
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ import orjson
 from numpy.typing import NDArray
 from scipy.special import ndtr
 
+from kvcast.lab.workload import block_ids as bid
 from kvcast.lab.workload.prompts import prompt_text
 
 if TYPE_CHECKING:
@@ -147,11 +160,82 @@ class IntentModel:
 
 
 @dataclass(frozen=True)
+class Segment:
+    """A run of shared content, ``blocks`` full KV blocks; the same name is the same content."""
+
+    name: str
+    blocks: int
+
+    def __post_init__(self) -> None:
+        if self.blocks < 1:
+            raise ValueError("a segment has at least one block")
+
+
+@dataclass(frozen=True)
+class SharedPrefix:
+    """What a root conversation's every request starts with: ``segments`` in order (none: no
+    shared prefix), chosen for a conversation with probability proportional to ``weight``.
+    Prefixes that start with the same segments share those blocks (nesting)."""
+
+    segments: tuple[Segment, ...]
+    weight: float
+
+    @property
+    def blocks(self) -> int:
+        """Length of the prefix, KV blocks."""
+        return sum(s.blocks for s in self.segments)
+
+
+@dataclass(frozen=True)
+class Branching:
+    """Agentic branching: a root conversation becomes a parent with probability ``p_parent``;
+    it then spawns ``1 + Poisson(mean_branches - 1)`` branches from one of its turns k (uniform
+    over its turns). Each branch is a conversation of the parent's intent, with its own turns
+    drawn from that intent's laws; its turn 1 arrives ``delay`` (seconds) after the parent's
+    turn k and starts with the parent's turn-k input less its partly filled last block."""
+
+    p_parent: float
+    mean_branches: float = 3.0
+    delay: Delay = Delay("exp", 10.0)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.p_parent <= 1.0 or self.mean_branches < 1.0:
+            raise ValueError("p_parent must lie in [0, 1] and mean_branches be >= 1")
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """Cross-conversation sharing of a workload: shared prefixes of the root conversations
+    (none: every conversation's content is its own) and agentic branching (None: no branches)."""
+
+    prefixes: tuple[SharedPrefix, ...] = ()
+    branching: Branching | None = None
+
+    def __post_init__(self) -> None:
+        if self.prefixes:
+            weights = [p.weight for p in self.prefixes]
+            if min(weights) < 0 or sum(weights) <= 0:
+                raise ValueError("prefix weights must be >= 0 with a positive sum")
+        sizes: dict[str, int] = {}
+        for seg in (s for p in self.prefixes for s in p.segments):
+            if sizes.setdefault(seg.name, seg.blocks) != seg.blocks:
+                raise ValueError(f"segment {seg.name!r} has two sizes")
+
+    @property
+    def shares(self) -> NDArray[np.float64]:
+        """Probability of each prefix for a root conversation."""
+        w = np.asarray([p.weight for p in self.prefixes], dtype=np.float64)
+        return w / w.sum()
+
+
+@dataclass(frozen=True)
 class WorkloadModel:
-    """A mix of intents: ``weights[k]`` is the share of conversations of ``intents[k]``."""
+    """A mix of intents: ``weights[k]`` is the share of conversations of ``intents[k]``;
+    ``sharing`` adds shared prefixes and branches (see the module doc)."""
 
     intents: tuple[IntentModel, ...]
     weights: tuple[float, ...]
+    sharing: Sharing | None = None
 
     def __post_init__(self) -> None:
         if not self.intents or len(self.intents) != len(self.weights):
@@ -232,11 +316,28 @@ def ground_truth(model: WorkloadModel) -> dict[str, IntentTruth]:
 
 
 @dataclass(frozen=True)
+class Lineage:
+    """Where each conversation's leading blocks come from, arrays indexed by conversation.
+
+    ``prefix``: index of its shared prefix in ``Sharing.prefixes`` (-1: a branch, or none);
+    ``parent``: the conversation it branches from (-1: a root); ``parent_turn``: the parent's
+    turn it continues (0 for a root); ``base``: blocks it inherits (the prefix's, or the parent's
+    turn-``parent_turn`` blocks less one), KV blocks.
+    """
+
+    prefix: NDArray[np.int64]
+    parent: NDArray[np.int64]
+    parent_turn: NDArray[np.int64]
+    base: NDArray[np.int64]
+
+
+@dataclass(frozen=True)
 class Trace:
     """A generated trace, one row per request, sorted by timestamp (stable).
 
     ``conversation`` numbers conversations in arrival order; ``blocks`` is R_j;
-    ``intent`` indexes ``intent_names``; ``cached_tokens`` is None unless requested.
+    ``intent`` indexes ``intent_names``; ``cached_tokens`` is None unless requested;
+    ``block_ids`` (the events' ``block_hashes``) and ``lineage`` are None without sharing.
     """
 
     conversation: NDArray[np.int64]
@@ -253,14 +354,23 @@ class Trace:
     prompt_choice: NDArray[np.int64] | None = None
     cached_tokens: NDArray[np.int64] | None = None
     meta: dict[str, object] = field(default_factory=dict)
+    block_ids: bid.BlockIds | None = None
+    lineage: Lineage | None = None
 
     def __len__(self) -> int:
         return int(self.turn.size)
 
+    def block_hashes(self) -> list[list[int]] | None:
+        """Every request's block ids in trace order (None when the trace has none)."""
+        if self.block_ids is None:
+            return None
+        return self.block_ids.lists(self.conversation, self.blocks)
+
     def sim_trace(self) -> SimTrace:
-        """The simulator's view of this trace (same request order)."""
+        """The simulator's view of this trace (same request order; block ids where given)."""
         from kvcast.lab.sim.trace import SimTrace
 
+        hashes = self.block_hashes()
         return SimTrace(
             conversation=self.conversation,
             turn=self.turn,
@@ -269,6 +379,7 @@ class Trace:
             conversations=self.conversations,
             intent=self.intent,
             intent_names=self.intent_names,
+            block_hashes=None if hashes is None else tuple(hashes),
         )
 
     def session_ids(self) -> list[str]:
@@ -283,6 +394,7 @@ class Trace:
         ]
         choice = self.prompt_choice.tolist() if self.prompt_choice is not None else None
         cached = self.cached_tokens.tolist() if self.cached_tokens is not None else None
+        hashes = self.block_hashes()
         for k, sid in enumerate(self.session_ids()):
             turn, ts, inp, outp, intent = (c[k] for c in cols)
             ev: dict[str, object] = {
@@ -298,6 +410,8 @@ class Trace:
                 ev["prompt"] = prompt_text(self.intent_names[intent], turn, choice[k])
             if cached is not None:
                 ev["cached_tokens"] = cached[k]
+            if hashes is not None:
+                ev["block_hashes"] = hashes[k]
             yield ev
 
     def jsonl_lines(self) -> Iterator[bytes]:
@@ -312,6 +426,107 @@ def _within(values: NDArray, starts: NDArray, conv_row: NDArray) -> NDArray:
     return excl - excl[starts][conv_row]
 
 
+@dataclass(frozen=True)
+class _Tables:
+    """Per (intent, turn - 1) sampling parameters of a model."""
+
+    cont: NDArray[np.float64]
+    zmean: NDArray[np.float64]
+    zgeo: NDArray[np.bool_]
+    dkind: NDArray[np.int64]
+    da: NDArray[np.float64]
+    db: NDArray[np.float64]
+    out_mean: NDArray[np.float64]
+
+    @classmethod
+    def of(cls, model: WorkloadModel) -> _Tables:
+        kinds = len(model.intents)
+        max_t = max(m.max_turns for m in model.intents)
+        cont = np.zeros((kinds, max_t))
+        zmean = np.ones((kinds, max_t))
+        zgeo = np.zeros(kinds, dtype=bool)
+        dkind = np.zeros((kinds, max_t), np.int64)
+        da, db = np.ones((kinds, max_t)), np.ones((kinds, max_t))
+        for k, m in enumerate(model.intents):
+            cont[k, : m.max_turns] = m.continuation()
+            zmean[k, : m.max_turns] = m.block_means()
+            zgeo[k] = m.block_law == "geometric"
+            for t in range(1, m.max_turns + 1):
+                d = m.delay_at(t)
+                dkind[k, t - 1], da[k, t - 1], db[k, t - 1] = (d.kind == "lognormal"), d.a, d.b
+        out_mean = np.array([m.output_mean for m in model.intents])
+        return cls(cont, zmean, zgeo, dkind, da, db, out_mean)
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """A batch of conversations' requests, rows in conversation order. ``own`` = own blocks
+    ``sum_{l<=j} Z_l``; ``offset`` = time since the conversation's arrival (s); ``fill`` = tokens
+    in the last block (1..block_size)."""
+
+    turns: NDArray[np.int64]
+    conv_row: NDArray[np.int64]
+    turn_row: NDArray[np.int64]
+    own: NDArray[np.int64]
+    offset: NDArray[np.float64]
+    fill: NDArray[np.int64]
+    output: NDArray[np.int64]
+    choice: NDArray[np.int64] | None
+
+
+def _draw_rows(
+    rng: np.random.Generator, tab: _Tables, intent: NDArray, block_size: int, prompts: bool
+) -> _Rows:
+    """Turn counts, block increments, delays and token counts of conversations of ``intent``
+    (the draws, in this order, are the paper-model generator's: do not reorder them)."""
+    n = intent.size
+    max_t = tab.cont.shape[1]
+    # Turn counts: every alive conversation flips its continuation coin after turn t.
+    turns = np.ones(n, np.int64)
+    alive = np.arange(n)
+    for t in range(1, max_t):
+        if alive.size == 0:
+            break
+        alive = alive[rng.random(alive.size) < tab.cont[intent[alive], t - 1]]
+        turns[alive] += 1
+
+    rows = int(turns.sum())
+    starts = (np.cumsum(turns) - turns).astype(np.int64)
+    conv_row = np.repeat(np.arange(n, dtype=np.int64), turns)
+    turn_row = np.arange(rows, dtype=np.int64) - starts[conv_row] + 1
+    ir, ti = intent[conv_row], turn_row - 1
+
+    mean_z = tab.zmean[ir, ti]
+    geo = tab.zgeo[ir]
+    z = np.empty(rows, np.int64)
+    z[~geo] = 1 + rng.poisson(mean_z[~geo] - 1.0)
+    z[geo] = rng.geometric(1.0 / mean_z[geo])
+    own = _within(z, starts, conv_row) + z
+
+    expo = rng.standard_exponential(rows)
+    norm = rng.standard_normal(rows)
+    a, b, logn = tab.da[ir, ti], tab.db[ir, ti], tab.dkind[ir, ti] == _LOGNORMAL
+    w = a * expo
+    w[logn] = np.exp(a[logn] + b[logn] * norm[logn])
+    w[turn_row == turns[conv_row]] = 0.0  # no delay after the last turn
+    offset = _within(w, starts, conv_row)
+
+    fill = rng.integers(1, block_size + 1, rows)
+    output = rng.geometric(1.0 / tab.out_mean[ir]).astype(np.int64)
+    choice = rng.integers(0, 1 << 30, rows) if prompts else None
+    return _Rows(turns, conv_row, turn_row, own, offset, fill, output, choice)
+
+
+def _sample_delay(rng: np.random.Generator, law: Delay, size: int) -> NDArray[np.float64]:
+    if law.kind == "exp":
+        return law.a * rng.standard_exponential(size)
+    return np.exp(law.a + law.b * rng.standard_normal(size))
+
+
+def _concat(a: NDArray | None, b: NDArray | None) -> NDArray | None:
+    return None if a is None or b is None else np.concatenate((a, b))
+
+
 def generate(
     model: WorkloadModel,
     *,
@@ -324,12 +539,17 @@ def generate(
     cached_capacity_blocks: int | None = None,
     start_time: float = 0.0,
     session_prefix: str = "c",
+    block_hashes: bool | None = None,
 ) -> Trace:
     """Draw a trace: conversations arrive over ``[start_time, start_time + duration_s)`` (a
     Poisson count) or are ``conversations`` many (Poisson arrivals); every turn of each is kept,
     so the last events fall after the arrival window. ``cached_tokens`` (when
     ``cached_capacity_blocks`` is given) = hit blocks of Algorithm 1 at that capacity times
-    ``block_size``, capped at ``input_tokens``."""
+    ``block_size``, capped at ``input_tokens``.
+
+    With ``model.sharing``, ``lambda0``/``conversations`` count the root conversations; branches
+    come on top. ``block_hashes`` (None: when the model shares) adds the events' block ids;
+    without them a consumer sees every conversation's content as its own."""
     if not lambda0 > 0 or block_size < 1:
         raise ValueError("lambda0 must be > 0 and block_size >= 1")
     if (duration_s is None) == (conversations is None):
@@ -345,71 +565,88 @@ def generate(
     arrival += start_time
     kinds = len(model.intents)
     intent = rng.choice(kinds, size=n, p=model.shares) if kinds > 1 else np.zeros(n, np.int64)
+    tab = _Tables.of(model)
+    roots = _draw_rows(rng, tab, intent, block_size, prompts)
+    sharing = model.sharing
+    base = np.zeros(n, np.int64)
+    prefix = np.full(n, -1, np.int64)
+    if sharing is not None and sharing.prefixes:
+        # A stream of its own: the conversations' draws above stay those of the plain model.
+        pick = np.random.default_rng([seed, 1])
+        prefix = pick.choice(len(sharing.prefixes), size=n, p=sharing.shares).astype(np.int64)
+        base = np.asarray([p.blocks for p in sharing.prefixes], np.int64)[prefix]
 
-    max_t = max(m.max_turns for m in model.intents)
-    cont = np.zeros((kinds, max_t))
-    zmean = np.ones((kinds, max_t))
-    zgeo = np.zeros(kinds, dtype=bool)
-    dkind = np.zeros((kinds, max_t), np.int64)
-    da, db = np.ones((kinds, max_t)), np.ones((kinds, max_t))
-    for k, m in enumerate(model.intents):
-        cont[k, : m.max_turns] = m.continuation()
-        zmean[k, : m.max_turns] = m.block_means()
-        zgeo[k] = m.block_law == "geometric"
-        for t in range(1, m.max_turns + 1):
-            d = m.delay_at(t)
-            dkind[k, t - 1], da[k, t - 1], db[k, t - 1] = (d.kind == "lognormal"), d.a, d.b
+    conv_row, turn_row = roots.conv_row, roots.turn_row
+    ts = arrival[conv_row] + roots.offset
+    blocks = base[conv_row] + roots.own
+    fill, output, choice = roots.fill, roots.output, roots.choice
+    conv_intent = intent
+    parent = np.full(n, -1, np.int64)
+    parent_turn = np.zeros(n, np.int64)
+    total = n
+    if sharing is not None and sharing.branching is not None and n:
+        # Branches: drawn from a third stream after the roots, appended as conversations
+        # n, n + 1, ... and then renumbered with the roots in arrival order.
+        br = sharing.branching
+        fork = np.random.default_rng([seed, 2])
+        parents = np.flatnonzero(fork.random(n) < br.p_parent)
+        turns_p = roots.turns[parents]
+        k = 1 + np.minimum((fork.random(parents.size) * turns_p).astype(np.int64), turns_p - 1)
+        count = 1 + fork.poisson(br.mean_branches - 1.0, parents.size)
+        b_parent, b_turn = np.repeat(parents, count), np.repeat(k, count)
+        starts = np.cumsum(roots.turns) - roots.turns
+        at = starts[b_parent] + b_turn - 1  # the parent's row the branch continues
+        b_base = blocks[at] - 1
+        b_intent = intent[b_parent]
+        b_rows = _draw_rows(fork, tab, b_intent, block_size, prompts)
+        b_arrival = ts[at] + _sample_delay(fork, br.delay, b_parent.size)
+        m = b_parent.size
+        conv_row = np.concatenate((conv_row, n + b_rows.conv_row))
+        turn_row = np.concatenate((turn_row, b_rows.turn_row))
+        ts = np.concatenate((ts, b_arrival[b_rows.conv_row] + b_rows.offset))
+        blocks = np.concatenate((blocks, b_base[b_rows.conv_row] + b_rows.own))
+        fill = np.concatenate((fill, b_rows.fill))
+        output = np.concatenate((output, b_rows.output))
+        choice = _concat(choice, b_rows.choice)
+        conv_intent = np.concatenate((intent, b_intent))
+        base = np.concatenate((base, b_base))
+        prefix = np.concatenate((prefix, np.full(m, -1, np.int64)))
+        parent = np.concatenate((parent, b_parent))
+        parent_turn = np.concatenate((parent_turn, b_turn))
+        total = n + m
+        # Number conversations in arrival order again (roots arrive in order already).
+        first = np.concatenate((arrival, b_arrival))
+        rank = np.empty(total, np.int64)
+        rank[np.argsort(first, kind="stable")] = np.arange(total)
+        inv = np.argsort(rank)
+        conv_row = rank[conv_row]
+        conv_intent, base, prefix = conv_intent[inv], base[inv], prefix[inv]
+        parent = np.where(parent >= 0, rank[np.maximum(parent, 0)], -1)[inv]
+        parent_turn = parent_turn[inv]
 
-    # Turn counts: every alive conversation flips its continuation coin after turn t.
-    turns = np.ones(n, np.int64)
-    alive = np.arange(n)
-    for t in range(1, max_t):
-        if alive.size == 0:
-            break
-        alive = alive[rng.random(alive.size) < cont[intent[alive], t - 1]]
-        turns[alive] += 1
-
-    rows = int(turns.sum())
-    starts = (np.cumsum(turns) - turns).astype(np.int64)
-    conv_row = np.repeat(np.arange(n, dtype=np.int64), turns)
-    turn_row = np.arange(rows, dtype=np.int64) - starts[conv_row] + 1
-    ir, ti = intent[conv_row], turn_row - 1
-
-    mean_z = zmean[ir, ti]
-    geo = zgeo[ir]
-    z = np.empty(rows, np.int64)
-    z[~geo] = 1 + rng.poisson(mean_z[~geo] - 1.0)
-    z[geo] = rng.geometric(1.0 / mean_z[geo])
-    blocks = _within(z, starts, conv_row) + z
-
-    expo = rng.standard_exponential(rows)
-    norm = rng.standard_normal(rows)
-    a, b, logn = da[ir, ti], db[ir, ti], dkind[ir, ti] == _LOGNORMAL
-    w = a * expo
-    w[logn] = np.exp(a[logn] + b[logn] * norm[logn])
-    w[turn_row == turns[conv_row]] = 0.0  # no delay after the last turn
-    ts = arrival[conv_row] + _within(w, starts, conv_row)
-
-    input_tokens = (blocks - 1) * block_size + rng.integers(1, block_size + 1, rows)
-    out_mean = np.array([m.output_mean for m in model.intents])[ir]
-    output_tokens = rng.geometric(1.0 / out_mean).astype(np.int64)
-    choice = rng.integers(0, 1 << 30, rows) if prompts else None
+    ir = conv_intent[conv_row]
+    input_tokens = (blocks - 1) * block_size + fill
 
     order = np.argsort(ts, kind="stable")
+    ids = None
+    if (sharing is not None) if block_hashes is None else block_hashes:
+        ids = _block_ids(sharing, seed, total, conv_row[order], blocks[order], base, prefix, parent)
     trace = Trace(
         conversation=conv_row[order],
         turn=turn_row[order],
         timestamp=ts[order],
         input_tokens=input_tokens[order],
-        output_tokens=output_tokens[order],
+        output_tokens=output[order],
         blocks=blocks[order],
         intent=ir[order].astype(np.int64),
         intent_names=tuple(m.name for m in model.intents),
         block_size=block_size,
-        conversations=n,
+        conversations=total,
         session_prefix=session_prefix,
         prompt_choice=None if choice is None else choice[order],
         meta={"lambda0": lambda0, "seed": seed, "duration_s": duration_s},
+        block_ids=ids,
+        lineage=None if sharing is None else Lineage(prefix, parent, parent_turn, base),
     )
     if cached_capacity_blocks is None:
         return trace
@@ -418,3 +655,64 @@ def generate(
     hits = lru_conversation_hits(trace.conversation, trace.blocks, cached_capacity_blocks)
     cached = np.minimum(hits * block_size, trace.input_tokens)
     return Trace(**{**trace.__dict__, "cached_tokens": cached})
+
+
+def _block_ids(
+    sharing: Sharing | None,
+    seed: int,
+    total: int,
+    conversation: NDArray[np.int64],
+    blocks: NDArray[np.int64],
+    base: NDArray[np.int64],
+    prefix: NDArray[np.int64],
+    parent: NDArray[np.int64],
+) -> bid.BlockIds:
+    """Chain hashes of every conversation's full blocks and every request's tail.
+
+    ``conversation``/``blocks`` per request in trace order; ``base``, ``prefix`` and ``parent``
+    per conversation (see :class:`Lineage`). A conversation's chain is its
+    inherited blocks (its prefix's, or its parent's first ``base`` blocks) and then its own, up
+    to its last request's ``R - 1`` full blocks."""
+    key = bid.trace_key(seed)
+    length = np.zeros(total, np.int64)
+    np.maximum.at(length, conversation, blocks - 1)
+    start = (np.cumsum(length) - length).astype(np.int64)
+    chain = np.zeros(int(length.sum()), np.uint64)
+    convs = np.arange(total, dtype=np.int64)
+    if sharing is not None and sharing.prefixes:
+        for k, p in enumerate(sharing.prefixes):
+            if not p.blocks:
+                continue
+            seg = bid.segment_chain(key, [(s.name, s.blocks) for s in p.segments])
+            for c in np.flatnonzero(prefix == k).tolist():
+                chain[start[c] : start[c] + p.blocks] = seg
+    roots = convs[parent < 0]
+    bid.fill_own(chain, start[roots], base[roots], length[roots], roots, key)
+    branches = convs[parent >= 0]
+    if branches.size:
+        # A branch copies its parent's first ``base`` blocks (the parents are roots, complete).
+        nb = base[branches]
+        within = np.arange(int(nb.sum())) - np.repeat(np.cumsum(nb) - nb, nb)
+        dst = np.repeat(start[branches], nb) + within
+        src = np.repeat(start[parent[branches]], nb) + within
+        chain[dst] = chain[src]
+        bid.fill_own(chain, start[branches], nb, length[branches], branches, key)
+    tail = bid.tails(chain, start[conversation], blocks, np.arange(blocks.size), key)
+    return bid.BlockIds(bid.public(chain), start, bid.public(tail))
+
+
+def unbounded_hit_ratio(trace: Trace) -> float:
+    """Block-level hit ratio of an unbounded prefix cache over the whole trace: the share of
+    input blocks whose id an earlier request already had (chain ids: a prefix match)."""
+    hashes = trace.block_hashes()
+    if not hashes:
+        return 0.0
+    seen: set[int] = set()
+    hit = 0
+    for ids in hashes:
+        k = 0
+        while k < len(ids) and ids[k] in seen:
+            k += 1
+        hit += k
+        seen.update(ids[k:])
+    return hit / int(trace.blocks.sum())

@@ -6,13 +6,34 @@
 - ``mixed``: intent-heterogeneous: long, fast coding sessions; short, slow chit-chat with
   log-normal delays; writing with per-turn continuation; planning whose delays grow over its
   first five turns.
+
+Presets with cross-conversation sharing (their events carry ``block_hashes``; ``mixed``'s
+intents; ``lambda0`` counts root conversations, branches come on top):
+
+- ``shared_system``: every conversation starts with one of four system prompts of 16, 8, 24 and
+  12 blocks, chosen with probabilities 0.5, 0.25, 0.15, 0.1.
+- ``tools``: a common 8-block system prompt, then one of three tool sets of 16, 10 and 24 blocks
+  (probabilities 0.4, 0.25, 0.15) or none (0.2): prefixes nest, system -> system + tools.
+- ``agentic``: no shared prefix; 40% of conversations spawn 1 + Poisson(2) branches from one of
+  their turns, each arriving exp(10 s) after it and starting with that turn's input.
+- ``production``: all three: ``tools``' prefixes for 70% of conversations, one of two plain
+  system prompts (8 and 4 blocks, 0.2 and 0.1) for the rest, and 15% of conversations branching.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
-from kvcast.lab.workload.generator import Delay, IntentModel, WorkloadModel
+from kvcast.lab.workload.generator import (
+    Branching,
+    Delay,
+    IntentModel,
+    Segment,
+    SharedPrefix,
+    Sharing,
+    WorkloadModel,
+)
 
 
 def single() -> WorkloadModel:
@@ -66,11 +87,59 @@ def mixed() -> WorkloadModel:
     return WorkloadModel((coding, chat, writing, travel), (0.3, 0.3, 0.2, 0.2))
 
 
+def _system_prompts() -> tuple[SharedPrefix, ...]:
+    # Few prompts, skewed popularity (a product's default prompt dominates).
+    sizes, weights = (16, 8, 24, 12), (0.5, 0.25, 0.15, 0.1)
+    return tuple(
+        SharedPrefix((Segment(f"system-{k}", b),), w)
+        for k, (b, w) in enumerate(zip(sizes, weights, strict=True))
+    )
+
+
+def _tool_prefixes(scale: float = 1.0) -> tuple[SharedPrefix, ...]:
+    system = Segment("tools-system", 8)
+    tools = (("tools-a", 16, 0.4), ("tools-b", 10, 0.25), ("tools-c", 24, 0.15))
+    nested = [SharedPrefix((system, Segment(name, b)), w * scale) for name, b, w in tools]
+    return (SharedPrefix((system,), 0.2 * scale), *nested)
+
+
+def shared_system() -> WorkloadModel:
+    return replace(mixed(), sharing=Sharing(prefixes=_system_prompts()))
+
+
+def tools() -> WorkloadModel:
+    return replace(mixed(), sharing=Sharing(prefixes=_tool_prefixes()))
+
+
+def agentic() -> WorkloadModel:
+    branching = Branching(p_parent=0.4, mean_branches=3.0, delay=Delay.exp(10.0))
+    return replace(mixed(), sharing=Sharing(branching=branching))
+
+
+def production() -> WorkloadModel:
+    plain = (
+        SharedPrefix((Segment("chat-system", 8),), 0.2),
+        SharedPrefix((Segment("lite-system", 4),), 0.1),
+    )
+    sharing = Sharing(
+        prefixes=_tool_prefixes(0.7) + plain,
+        branching=Branching(p_parent=0.15, mean_branches=3.0, delay=Delay.exp(10.0)),
+    )
+    return replace(mixed(), sharing=sharing)
+
+
 PRESETS: dict[str, Callable[[], WorkloadModel]] = {
     "single": single,
     "mixed": mixed,
     "lognormal": lognormal,
+    "shared_system": shared_system,
+    "tools": tools,
+    "agentic": agentic,
+    "production": production,
 }
+
+SHARING_PRESETS = ("shared_system", "tools", "agentic", "production")
+"""Presets whose events carry ``block_hashes`` (cross-conversation sharing)."""
 
 
 def preset(name: str) -> WorkloadModel:

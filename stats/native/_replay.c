@@ -2195,7 +2195,9 @@ export_bucket(Core *self, const Bucket *b)
     PyTypeObject *dt = (PyTypeObject *)self->delay_type;
     for (Py_ssize_t i = 0; i < b->nd; i++) {
         const DelayE *d = &b->delays[i];
-        PyObject *t = dt->tp_alloc(dt, 4);
+        /* DelaySample's fifth item, prev_shared, is 0: this engine keeps no shared prefixes
+           (replay falls back to Python for events with block_hashes). */
+        PyObject *t = dt->tp_alloc(dt, 5);
         if (t == NULL) {
             goto fail;
         }
@@ -2213,6 +2215,7 @@ export_bucket(Core *self, const Bucket *b)
         PyTuple_SET_ITEM(t, 1, bl);
         PyTuple_SET_ITEM(t, 2, label_obj(self, d->intent));
         PyTuple_SET_ITEM(t, 3, tu);
+        PyTuple_SET_ITEM(t, 4, PyLong_FromLong(0));
         /* A tuple of atoms can be in no cycle: untracked now, as the collector would untrack
            it at its first look, so that the window's samples do not make a young collection
            walk them all. */

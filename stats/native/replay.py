@@ -33,6 +33,21 @@ from kvcast.stats.taxonomy import label_map as taxonomy_label_map
 from kvcast.stats.window import Bucket, DelaySample, MomentSums, StateSums
 
 
+def _shares_blocks(line: bytes) -> bool:
+    """Whether ``line`` is a valid event with block hashes (this engine keeps no shared
+    prefixes; an invalid line is rejected the same way by both engines)."""
+    if isinstance(line, str):
+        line = line.encode()
+    elif not isinstance(line, (bytes, bytearray, memoryview)):
+        return False  # the engine's own loop says what is wrong with it
+    if b'"block_hashes"' not in line:
+        return False
+    try:
+        return bool(parse_event(line).block_hashes)
+    except EventRejected:
+        return False
+
+
 def _load() -> ModuleType | None:
     try:
         from kvcast.stats.native import _replay
@@ -126,6 +141,13 @@ class NativeReplay:
         Raises :class:`ReplayUnsupported` (with the lines before it applied) where the Python
         engine must take over from the start.
         """
+        if self._config.shared_index_blocks:
+            lines = list(lines)
+            if any(_shares_blocks(line) for line in lines):
+                raise ReplayUnsupported(
+                    "events carry block_hashes: the shared-prefix statistics are computed by "
+                    "the Python engine"
+                )
         try:
             return self._core.offer_lines(lines)
         except _NATIVE.ReplayUnsupported as exc:  # type: ignore[union-attr]

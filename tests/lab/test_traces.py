@@ -84,8 +84,10 @@ def test_mooncake_shared_trace_recovery_counts() -> None:
         pytest.fail(f"{MOONCAKE} is missing: it ships with the repository (data/traces)")
     with open(MOONCAKE, "rb") as fh:
         records = [(k, orjson.loads(line)) for k, line in enumerate(fh, 1)]
-    _, full = convert_mooncake(records)
+    _, full = convert_mooncake(records, match="full")
     _, hashable = convert_mooncake(records, match="hashable")
+    _, default = convert_mooncake(records)
+    assert default.to_dict() == hashable.to_dict()  # the better rule is the default
     assert (full.records, full.conversations, full.max_turn) == (3993, 3780, 9)
     assert (hashable.conversations, hashable.max_turn, hashable.extra["forks"]) == (2649, 24, 111)
 

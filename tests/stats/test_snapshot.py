@@ -20,22 +20,25 @@ delay_samples = st.builds(
     prev_blocks=st.integers(min_value=0, max_value=2**62),
     intent=st.sampled_from(INTENTS),
     turn=st.integers(min_value=1, max_value=32),
+    prev_shared=st.integers(min_value=0, max_value=2**62),
 )
 
 
 @given(st.lists(delay_samples, max_size=60))
 def test_columns_hold_each_sample_field_in_order(samples: list[DelaySample]) -> None:
-    delay_s, prev_blocks, intent, turn = _delay_columns(samples, POSITION)
-    assert (delay_s.dtype, prev_blocks.dtype, intent.dtype, turn.dtype) == (
+    delay_s, prev_blocks, intent, turn, prev_shared = _delay_columns(samples, POSITION)
+    assert (delay_s.dtype, prev_blocks.dtype, intent.dtype, turn.dtype, prev_shared.dtype) == (
         np.float64,
         np.int64,
         np.int32,
         np.int32,
+        np.int64,
     )
     assert delay_s.tolist() == [s.delay_s for s in samples]
     assert prev_blocks.tolist() == [s.prev_blocks for s in samples]
     assert intent.tolist() == [POSITION[s.intent] for s in samples]
     assert turn.tolist() == [s.turn for s in samples]
+    assert prev_shared.tolist() == [s.prev_shared for s in samples]
 
 
 def test_an_empty_window_gives_no_states_and_empty_typed_samples() -> None:

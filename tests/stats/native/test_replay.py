@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvcast.lab.workload.generator import generate
-from kvcast.lab.workload.presets import PRESETS, preset
+from kvcast.lab.workload.presets import PRESETS, SHARING_PRESETS, preset
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.engine import StatsEngine
 from kvcast.stats.labeller import IntentLabeller
@@ -25,7 +25,7 @@ from kvcast.stats.replay import Pipeline, replay_lines
 from kvcast.stats.taxonomy import INTENTS_30, intents, label_map
 from kvcast.stats.window import DelaySample
 from tests.stats.test_events_decoder import EDGE_CASES, payloads
-from tests.support import canonical, require_native
+from tests.support import canonical, require_native, shared_prefix_events
 
 TINY = StatsConfig(
     block_size=4,
@@ -148,7 +148,9 @@ def assert_same(
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_generator_preset_gives_the_python_engines_statistics(name: str) -> None:
     trace = generate(preset(name), lambda0=2.0, conversations=1500, seed=11)
-    got = assert_same(list(trace.jsonl_lines()), StatsConfig(), batch=777)
+    # Events with block_hashes go to the Python engine unless the shared-prefix index is off.
+    config = StatsConfig(shared_index_blocks=0) if name in SHARING_PRESETS else StatsConfig()
+    got = assert_same(list(trace.jsonl_lines()), config, batch=777)
     assert got.counters.processed > 0 and got.window.buckets
 
 
@@ -216,6 +218,7 @@ def hostile_streams(draw: st.DrawFn) -> tuple[list[bytes], StatsConfig, int]:
         bucket_s=draw(st.sampled_from((0.5, 1.0, 3.0))),
         rate_window_s=draw(st.integers(1, 3)),
         max_open_conversations=draw(st.integers(1, 6)),
+        shared_index_blocks=draw(st.sampled_from((0, 0, 1000))),
     )
     return lines, config, draw(st.integers(1, 40))
 
@@ -226,7 +229,11 @@ def test_hostile_streams_give_the_python_engines_statistics(
     case: tuple[list[bytes], StatsConfig, int],
 ) -> None:
     lines, config, batch = case
-    assert_same(lines, config, batch)
+    if config.shared_index_blocks:
+        # An event with block hashes hands the replay to the Python engine.
+        assert_same_or_handed_over(lines, config)
+    else:
+        assert_same(lines, config, batch)
 
 
 def test_counters_agree_while_the_input_is_still_open() -> None:
@@ -334,6 +341,22 @@ def test_an_error_other_than_a_rejection_propagates_and_keeps_what_came_before()
     assert replay.processed == 1 and replay.rejected_total == 0
 
 
+def test_events_with_block_hashes_hand_the_replay_to_the_python_engine(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    lines = [orjson.dumps(e) for e in shared_prefix_events(60, seed=9)]
+    replay = NativeReplay(StatsConfig())
+    with pytest.raises(ReplayUnsupported, match="block_hashes"):
+        replay.offer_lines(lines)
+    assert replay.processed == 0  # nothing of the batch was applied
+    expected, _ = python_replay(lines, StatsConfig())
+    with caplog.at_level("WARNING", logger="kvcast.stats.replay"):
+        got = replay_lines(lambda: [lines], StatsConfig(), engine="native")
+    assert state(got) == state(expected)
+    assert got.snapshot().sample.has_shared
+    assert "replaying with the Python engine" in caplog.text
+
+
 def test_float_times_keep_every_bit() -> None:
     times = [1e9 + math.ulp(1e9) * k for k in range(0, 40, 3)] + [0.1 + 0.2, 1 / 3]
     lines = [
@@ -345,7 +368,9 @@ def test_float_times_keep_every_bit() -> None:
 
 def test_lines_the_strict_decoder_refuses_are_decided_by_parse_event() -> None:
     lines = [*SECOND_LOOK_LINES, *BAD_LINES, SECOND_LOOK_LINES[0].decode()]
-    got = assert_same(lines, StatsConfig())  # type: ignore[arg-type]
+    # One line carries block hashes: with the shared-prefix index on, that alone would hand
+    # the replay to the Python engine (tested below); here the decoders are compared.
+    got = assert_same(lines, StatsConfig(shared_index_blocks=0))  # type: ignore[arg-type]
     assert got.counters.processed == len(SECOND_LOOK_LINES)
     assert got.counters.duplicates == 1  # the text line repeats the first
     assert sum(got.counters.rejected.values()) == len(BAD_LINES)

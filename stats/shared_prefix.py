@@ -1,0 +1,252 @@
+"""Shared-prefix statistics: which leading blocks of a request other conversations share.
+
+Units: blocks (KV blocks, one id per block), seconds of event time.
+
+A block whose id appears in two or more conversations is *shared* (SPEC section 12). For each
+accepted request with ``block_hashes`` the :class:`SharedPrefixIndex` finds its leading run of
+shared blocks, ``s`` of them, and for each of those the gap since the block's previous
+reference by any conversation. The run's blocks are counted as shared-block references next to
+the conversation's own content; that is what the forecast with shared blocks models
+(``kvcast.stats.estimators.shared_model``, docs/validation.md).
+
+Only the leading run counts: a shared block after a private one (the same paragraph quoted in
+two conversations) does not match in a prefix cache, so it is private content here too.
+
+What the index holds, so that a checkpoint restores it exactly:
+
+- the *private* blocks of open conversations: each conversation holds the ids of its newest
+  request (``held``, kept with the conversation and checkpointed with it); a block leaves when
+  its conversation completes or its next request no longer has it;
+- the *shared* blocks with the time of their last reference, in a table committed with the
+  partition's delta (``changes``); one expires when the watermark passes its last reference
+  plus the completion timeout.
+
+Which ids are indexed: every block of the first ``2 * dense_blocks``, then one id every 2**k
+blocks from position ``2**k * dense_blocks`` on, so that memory and checkpoints grow with the
+logarithm of a long request, not its length. A run whose last shared id is at ``p`` ends after
+``p`` and at or before the next indexed position ``q``; it is counted to the middle of that
+span, ``p + ceil((q - p) / 2)`` blocks: exact in the dense part, within ``1 / (4 dense_blocks)``
+of the request's length beyond it. ``capacity`` bounds the entries: when it is
+reached, new private blocks are not indexed (and cannot become shared) until others leave.
+
+Not restored exactly in one corner: a shared block that expires while a conversation that
+held it privately is still open (possible only when that conversation's later request, already
+applied, does not repeat the block) comes back as that conversation's after a restart.
+
+Cost per request: a dict lookup per indexed leading shared block plus one per indexed block of
+the rest; memory about 100 bytes per indexed block.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+BlockId = int | str
+
+# The dense part is never shorter than this many blocks (large blocks: long dense part).
+MIN_DENSE_BLOCKS = 16
+
+# A request's shared references: (gap seconds, blocks) pairs, one per distinct gap.
+SharedGaps = tuple[tuple[float, int], ...]
+
+
+class SharedRun(NamedTuple):
+    """What one request shares: its leading shared blocks, their gaps, and how many of them
+    became shared with this request (``born``: their first reference by a second conversation)."""
+
+    blocks: int
+    gaps: SharedGaps
+    born: int
+
+
+NO_SHARING = SharedRun(0, (), 0)
+
+
+@dataclass(slots=True)
+class SharedTableChanges:
+    """The shared table's changes since the last checkpoint: block -> last reference (s)."""
+
+    upserts: dict[BlockId, float] = field(default_factory=dict)
+    removals: set[BlockId] = field(default_factory=set)
+
+    def clear(self) -> None:
+        self.upserts.clear()
+        self.removals.clear()
+
+
+class SharedPrefixIndex:
+    """The blocks of open conversations and the shared table (see the module docstring).
+
+    Deterministic in the order of the requests it sees, so a partition's statistics depend on
+    that partition's events alone. ``capacity`` 0 turns it off.
+    """
+
+    def __init__(self, capacity: int, timeout_s: float, dense_blocks: int = 10**9) -> None:
+        if capacity < 0:
+            raise ValueError(f"shared-prefix index capacity must be >= 0 blocks, got {capacity}")
+        if dense_blocks < 1:
+            raise ValueError(f"shared-prefix index dense_blocks must be >= 1, got {dense_blocks}")
+        self.capacity = capacity
+        self.dense_blocks = dense_blocks
+        self._positions: list[int] = []  # indexed positions, extended as requests grow
+        self._timeout = timeout_s
+        self._owner: dict[BlockId, str] = {}  # private block -> the open conversation holding it
+        self._shared: dict[BlockId, float] = {}  # shared block -> last reference (s)
+        self._deadlines: list[tuple[int, int, BlockId]] = []  # (second, tie, block), lazy
+        self._pushed = 0
+        self.changes = SharedTableChanges()
+
+    def __len__(self) -> int:
+        return len(self._owner) + len(self._shared)
+
+    @property
+    def shared_table(self) -> dict[BlockId, float]:
+        """Shared block -> last reference (s), read-only use."""
+        return self._shared
+
+    @property
+    def next_due(self) -> float:
+        """Event time from which :meth:`expire` has something to drop (inf: nothing)."""
+        return self._deadlines[0][0] + 1 if self._deadlines else math.inf
+
+    def restore(self, shared: dict[BlockId, float], held: Iterable[tuple[str, tuple]]) -> None:
+        """Rebuild from a checkpoint: the shared table and each open conversation's held ids."""
+        for block, last_ts in shared.items():
+            self._shared[block] = last_ts
+            self._schedule(block, last_ts)
+        for session_id, blocks in held:
+            for block in blocks:
+                if block not in self._shared:
+                    self._owner[block] = session_id
+
+    def observe(
+        self,
+        session_id: str,
+        timestamp: float,
+        hashes: list[BlockId],
+        held: tuple[BlockId, ...],
+        last_seen: Callable[[str], float],
+        newest: bool = True,
+    ) -> tuple[SharedRun, tuple[BlockId, ...]]:
+        """Record one request (``hashes``: its block ids in order) of a conversation holding
+        ``held``; return its shared run and what the conversation holds now.
+
+        ``last_seen(session)``: the newest event time (s) of an open conversation (its blocks'
+        last reference). ``newest``: the request is the conversation's newest turn so far (an
+        older turn arriving late leaves ``held`` as it is).
+        """
+        if not self.capacity or not hashes:
+            return NO_SHARING, held
+        positions = self.positions(len(hashes))
+        indexed = hashes if len(positions) == len(hashes) else [hashes[p] for p in positions]
+        owners = self._owner
+        shared = self._shared
+        upserts = self.changes.upserts
+        count = born = 0
+        run_gaps: list[float] = []
+        for block in indexed:
+            last = shared.get(block)
+            if last is None:
+                owner = owners.get(block)
+                if owner is None or owner == session_id:
+                    break
+                del owners[block]
+                born += 1
+                last = last_seen(owner)
+                self._schedule(block, max(last, timestamp))
+            gap = timestamp - last
+            run_gaps.append(gap if gap > 0.0 else 0.0)
+            if timestamp > last:
+                last = timestamp
+            shared[block] = last
+            upserts[block] = last
+            count += 1
+        run = _run(run_gaps, positions, len(hashes), born)
+        if not newest:
+            return run, held
+        mine = []
+        room = self.capacity - len(self)
+        for block in indexed[count:]:
+            owner = owners.get(block)
+            if owner == session_id:
+                mine.append(block)
+            elif owner is None and block not in shared and room > 0:
+                owners[block] = session_id
+                mine.append(block)
+                room -= 1
+        kept = set(mine)
+        for block in held:
+            if block not in kept and owners.get(block) == session_id:
+                del owners[block]
+        return run, tuple(mine)
+
+    def positions(self, blocks: int) -> list[int]:
+        """The indexed positions of a request of ``blocks`` blocks (0-based, increasing)."""
+        known = self._positions
+        if not known or known[-1] < blocks - 1:
+            dense = self.dense_blocks
+            p = known[-1] + 1 if known else 0
+            target = max(blocks, 2 * len(known) + 1)  # amortised growth
+            while p < target:
+                # Below 2 D every block; from 2**k D on, one id every 2**k blocks.
+                step = 1 if p < 2 * dense else 1 << ((p // dense).bit_length() - 1)
+                if p % step == 0:
+                    known.append(p)
+                p += 1 if p < 2 * dense else step - p % step
+        return known[: bisect.bisect_left(known, blocks)]
+
+    def release(self, session_id: str, held: tuple[BlockId, ...]) -> None:
+        """A conversation completed: its private blocks leave the index."""
+        owners = self._owner
+        for block in held:
+            if owners.get(block) == session_id:
+                del owners[block]
+
+    def expire(self, watermark: float) -> None:
+        """Drop the shared blocks last referenced more than the timeout before ``watermark``."""
+        deadlines = self._deadlines
+        shared = self._shared
+        removals = self.changes.removals
+        while deadlines and deadlines[0][0] + 1 <= watermark:
+            _, _, block = heapq.heappop(deadlines)
+            last = shared.get(block)
+            if last is None:
+                continue
+            if math.floor(last + self._timeout) + 1 <= watermark:
+                del shared[block]
+                self.changes.upserts.pop(block, None)
+                removals.add(block)
+            else:  # referenced since it was scheduled: one entry per block, at its deadline
+                self._schedule(block, last)
+
+    def clear(self) -> None:
+        """End of a finite input: everything completes."""
+        self._owner.clear()
+
+    def _schedule(self, block: BlockId, last_ts: float) -> None:
+        self._pushed += 1
+        heapq.heappush(self._deadlines, (math.floor(last_ts + self._timeout), self._pushed, block))
+
+
+def _run(run_gaps: list[float], positions: list[int], blocks: int, born: int) -> SharedRun:
+    """The run of a request of ``blocks`` blocks whose first ``len(run_gaps)`` indexed ids
+    (at ``positions``) are shared. Each indexed id stands for the blocks up to the next one;
+    the run ends after the last shared id and at or before the next indexed position (or the
+    request's end), and is counted to the middle of that span, rounded up."""
+    count = len(run_gaps)
+    if not count:
+        return NO_SHARING
+    gaps: dict[float, int] = {}
+    for k in range(count - 1):
+        gap = run_gaps[k]
+        gaps[gap] = gaps.get(gap, 0) + positions[k + 1] - positions[k]
+    start = positions[count - 1]
+    end = positions[count] if count < len(positions) else blocks  # first block not shared, at most
+    last = (end - start + 1) // 2
+    gaps[run_gaps[-1]] = gaps.get(run_gaps[-1], 0) + last
+    return SharedRun(start + last, tuple(sorted(gaps.items())), born)

@@ -1,0 +1,281 @@
+"""Shared-prefix statistics: the index's runs, the window's sums, checkpoints and the forecast.
+
+The reference for the index is a brute force over the whole history (no capacity, no
+shortcuts): a block is in a request's shared run when every block before it is, and it was
+referenced before by another conversation or was already found shared; its gap is the time
+since the latest earlier request that contained it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvcast.lab.sim.registry import simulate
+from kvcast.lab.sim.trace import SimTrace
+from kvcast.stats.config import StatsConfig
+from kvcast.stats.engine import StatsEngine
+from kvcast.stats.events import parse_event
+from kvcast.stats.forecast import forecast_from_sample
+from kvcast.stats.partition import decode_conversation, encode_conversation
+from kvcast.stats.shared_prefix import NO_SHARING, SharedPrefixIndex, SharedRun
+from tests.support import shared_prefix_events
+
+WHOLE_INPUT = StatsConfig(
+    shared_index_dense_tokens=10**6,  # every block indexed: runs are exact
+    completion_timeout_s=1e6,
+    rate_window_s=10**9,
+    window_conversations=10**9,
+    window_max_age_s=1e12,
+)
+
+
+def brute_force_runs(events: list[dict]) -> list[SharedRun]:
+    first_session: dict[object, str] = {}
+    last_seen: dict[object, float] = {}
+    found_shared: set[object] = set()
+    runs = []
+    for e in events:
+        session, t, ids = e["session_id"], e["timestamp"], e["block_hashes"]
+        gaps: dict[float, int] = defaultdict(int)
+        count = born = 0
+        for block in ids:
+            seen = block in first_session
+            if not seen or (first_session[block] == session and block not in found_shared):
+                break
+            if block not in found_shared:
+                born += 1
+            gaps[max(t - last_seen[block], 0.0)] += 1
+            count += 1
+        found_shared.update(ids[:count])
+        for block in ids:
+            first_session.setdefault(block, session)
+            last_seen[block] = max(last_seen.get(block, t), t)
+        runs.append(SharedRun(count, tuple(sorted(gaps.items())), born))
+    return runs
+
+
+def index_runs(events: list[dict], capacity: int = 10**9) -> list[SharedRun]:
+    """The index driven as the tracker drives it, with nothing completing or expiring."""
+    index = SharedPrefixIndex(capacity, timeout_s=1e12)
+    held: dict[str, tuple] = {}
+    newest: dict[str, float] = {}
+    runs = []
+    for e in events:
+        session = e["session_id"]
+        run, held[session] = index.observe(
+            session, e["timestamp"], e["block_hashes"], held.get(session, ()), newest.__getitem__
+        )
+        newest[session] = max(newest.get(session, e["timestamp"]), e["timestamp"])
+        runs.append(run)
+    return runs
+
+
+@st.composite
+def shared_streams(draw: st.DrawFn) -> list[dict]:
+    return shared_prefix_events(
+        draw(st.integers(1, 40)),
+        seed=draw(st.integers(0, 10**6)),
+        rate_per_s=draw(st.sampled_from((0.05, 0.5, 5.0))),
+        prompts=draw(st.integers(1, 4)),
+        prompt_blocks=draw(st.integers(1, 5)),
+        fork_share=draw(st.sampled_from((0.0, 0.3, 0.9))),
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(shared_streams())
+def test_the_index_finds_the_brute_force_shared_runs(events: list[dict]) -> None:
+    assert index_runs(events) == brute_force_runs(events)
+
+
+def test_a_prompt_used_by_two_conversations_is_shared_from_the_second_on() -> None:
+    index = SharedPrefixIndex(100, timeout_s=1e9)
+    seen = {"a": 0.0}
+    run, held_a = index.observe("a", 0.0, [1, 2, 3], (), seen.__getitem__)
+    assert run == NO_SHARING and held_a == (1, 2, 3)
+    # b repeats a's first two blocks: shared, 5 s after a's request, born now.
+    run, held_b = index.observe("b", 5.0, [1, 2, 9], (), seen.__getitem__)
+    assert run == SharedRun(2, ((5.0, 2),), 2) and held_b == (9,)
+    # a's next turn: its first two blocks are shared now (last referenced by b, 2 s ago).
+    run, held_a = index.observe("a", 7.0, [1, 2, 3, 4], held_a, seen.__getitem__)
+    assert run == SharedRun(2, ((2.0, 2),), 0) and held_a == (3, 4)
+    # A shared block after a private one does not count: the prefix stops at the first miss.
+    run, _ = index.observe("c", 8.0, [5, 1, 2], (), seen.__getitem__)
+    assert run == NO_SHARING
+
+
+def test_a_completed_conversations_blocks_leave_and_shared_blocks_expire() -> None:
+    index = SharedPrefixIndex(100, timeout_s=60.0)
+    seen = {"a": 0.0, "b": 10.0}
+    _, held_a = index.observe("a", 0.0, [1, 2, 3], (), seen.__getitem__)
+    index.observe("b", 10.0, [1, 7], (), seen.__getitem__)
+    index.release("a", held_a)  # a completed: its private blocks 2, 3 leave
+    run, _ = index.observe("c", 20.0, [1, 2, 3], (), seen.__getitem__)
+    assert run.blocks == 1  # block 1 is shared (last used at 10 s); 2 is gone with a
+    assert index.shared_table == {1: 20.0}
+    index.expire(80.0)  # 20 + 60 s has not passed in whole seconds
+    assert index.shared_table == {1: 20.0}
+    index.expire(81.0)
+    assert index.shared_table == {} and index.changes.removals == {1}
+
+
+def test_beyond_the_dense_part_ids_thin_out_and_a_run_counts_to_the_middle() -> None:
+    index = SharedPrefixIndex(100, timeout_s=1e9, dense_blocks=2)
+    # Dense below 4 blocks, then every 2nd block up to 8, every 4th up to 16...
+    assert index.positions(20) == [0, 1, 2, 3, 4, 6, 8, 12, 16]
+    assert index.positions(3) == [0, 1, 2]
+    seen = {"a": 0.0}
+    _, held = index.observe("a", 0.0, list(range(10)), (), seen.__getitem__)
+    assert held == (0, 1, 2, 3, 4, 6, 8)
+    # Ids 0..4 and 6 are shared, 97 (at 8) is not: the run ends after block 6 and at or before
+    # block 8, and counts to the middle, 6 + ceil(2 / 2) = 7 blocks (here exactly the truth).
+    run, _ = index.observe("b", 1.0, [*range(7), 99, 97, 98], (), seen.__getitem__)
+    assert run == SharedRun(7, ((1.0, 7),), 6)
+    # A run that reaches the last id counts to the middle of what is left of the request.
+    run, _ = index.observe("c", 2.0, list(range(10)), (), seen.__getitem__)
+    assert run == SharedRun(9, ((1.0, 8), (2.0, 1)), 1)  # 8 + ceil(2 / 2)
+    with pytest.raises(ValueError, match="dense_blocks must be >= 1"):
+        SharedPrefixIndex(1, 1.0, dense_blocks=0)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 64), st.integers(1, 5000))
+def test_indexed_positions_are_dense_then_logarithmic(dense: int, blocks: int) -> None:
+    positions = SharedPrefixIndex(1, 1.0, dense_blocks=dense).positions(blocks)
+    assert positions[: 2 * dense] == list(range(min(blocks, 2 * dense)))
+    assert positions == sorted(set(positions)) and positions[-1] < blocks
+    # A span between two ids is at most 1 / dense of the position it starts at.
+    for p, q in itertools.pairwise(positions):
+        assert q - p <= max(1, p // dense)
+    assert len(positions) <= 2 * dense + dense * max(0, blocks // dense).bit_length()
+
+
+def test_capacity_bounds_the_index_and_zero_turns_it_off() -> None:
+    events = shared_prefix_events(200, seed=3)
+    index = SharedPrefixIndex(50, timeout_s=1e12)
+    held: dict[str, tuple] = {}
+    for e in events:
+        session = e["session_id"]
+        _, held[session] = index.observe(
+            session, e["timestamp"], e["block_hashes"], held.get(session, ()), lambda s: 0.0
+        )
+        assert len(index) <= 50
+    assert all(run == NO_SHARING for run in index_runs(events, capacity=0))
+    with pytest.raises(ValueError, match="capacity must be >= 0"):
+        SharedPrefixIndex(-1, 1.0)
+
+
+def engine_of(events: list[dict], config: StatsConfig = WHOLE_INPUT) -> StatsEngine:
+    engine = StatsEngine(config)
+    for raw in events:
+        event = parse_event(raw)
+        engine.apply(event, "unknown")
+    engine.finish()
+    return engine
+
+
+def test_the_window_sums_are_the_runs_sums() -> None:
+    events = shared_prefix_events(400, seed=5)
+    runs = brute_force_runs(events)
+    sample = engine_of(events).snapshot().sample
+    total = sample.total()
+    assert total.sum_S == sum(r.blocks for r in runs) > 0
+    assert total.shared_born == sum(r.born for r in runs) > 0
+    gap_blocks: dict[float, int] = defaultdict(int)
+    for run in runs:
+        for gap, blocks in run.gaps:
+            gap_blocks[gap] += blocks
+    assert sample.shared_gap_s.tolist() == sorted(gap_blocks)
+    assert sample.shared_gap_blocks.tolist() == [gap_blocks[g] for g in sorted(gap_blocks)]
+    # Every conversation's size stays gross; the shared part is counted beside it.
+    assert total.sum_R == sum(len(e["block_hashes"]) for e in events)
+    last_turn = {}
+    for e, run in zip(events, runs, strict=True):
+        last_turn[e["session_id"]] = run.blocks
+    assert total.sum_S_B == sum(last_turn.values())
+    assert np.all(sample.prev_shared <= sample.prev_blocks)
+
+
+def test_events_without_block_hashes_have_no_shared_statistics() -> None:
+    events = shared_prefix_events(100, seed=1)
+    for e in events:
+        del e["block_hashes"]
+    sample = engine_of(events).snapshot().sample
+    assert not sample.has_shared
+    assert sample.shared_gap_s.size == 0 and not sample.prev_shared.any()
+
+
+def test_an_open_conversation_keeps_its_shared_prefix_through_a_checkpoint() -> None:
+    events = shared_prefix_events(50, seed=2)
+    engine = StatsEngine(WHOLE_INPUT)
+    for raw in events:
+        event = parse_event(raw)
+        engine.apply(event, "unknown")
+    open_ = list(engine.tracker.open_items().values())
+    assert any(r.shared_blocks for c in open_ for r in c.turns.values())
+    for conversation in open_:
+        restored = decode_conversation(conversation.session_id, encode_conversation(conversation))
+        assert restored == conversation
+
+
+def test_a_checkpoint_from_before_shared_prefixes_still_reads() -> None:
+    restored = decode_conversation("s", b'[5.0,[[1,5.0,3,40,"unknown"]]]')
+    record = restored.turns[1]
+    assert (record.blocks, record.shared_blocks, record.shared_gaps, record.shared_born) == (
+        3,
+        0,
+        (),
+        0,
+    )
+
+
+def block_lru(events: list[dict], capacity: int, block_size: int = 16) -> float:
+    trace = SimTrace.from_columns(
+        [e["session_id"] for e in events],
+        [e["turn"] for e in events],
+        [e["timestamp"] for e in events],
+        [e["input_tokens"] for e in events],
+        block_size,
+        block_hashes=[e["block_hashes"] for e in events],
+    )
+    return simulate(trace, capacity, "lru", "block", 0.0, 0.0).hit_ratio
+
+
+def test_the_shared_forecast_tracks_block_level_lru_where_the_conversations_alone_do_not() -> None:
+    events = shared_prefix_events(3000, seed=7, rate_per_s=0.5, prompts=3, prompt_blocks=12)
+    sample = engine_of(events).snapshot().sample
+    for capacity in (200, 800, 3200):
+        measured = block_lru(events, capacity)
+        shared = forecast_from_sample(sample, capacity)
+        alone = forecast_from_sample(sample, capacity, sharing="none")
+        assert shared.shared is not None and alone.shared is None
+        assert shared.estimators is not None
+        assert shared.estimators["state/whole/tagged"] == alone.hit_ratio
+        assert abs(shared.hit_ratio - measured) < abs(alone.hit_ratio - measured)
+        assert abs(shared.hit_ratio - measured) < 0.03, (capacity, shared.hit_ratio, measured)
+
+
+def test_the_shared_part_reports_its_blocks_hits_and_rate() -> None:
+    events = shared_prefix_events(1000, seed=4, rate_per_s=0.5)
+    sample = engine_of(events).snapshot().sample
+    forecast = forecast_from_sample(sample, 400, instances=1).to_dict()
+    shared = forecast["shared"]
+    assert shared["estimator"] == "shared/state/whole/tagged"
+    assert 0 < shared["hit_ratio"] < forecast["hit_ratio"] <= forecast["upper_bound"]
+    assert 0 < shared["blocks"] < 400
+    total = sample.total()
+    expected_rate = sample.lambda0 * total.sum_S / total.conversations
+    assert shared["rate_per_s"] == pytest.approx(expected_rate)
+    assert set(forecast["estimators"]) == {
+        "shared/state/whole/tagged",
+        "state/whole/tagged",
+        "paper/hashable/none",
+    }
+    with pytest.raises(ValueError, match="sharing must be one of"):
+        forecast_from_sample(sample, 400, sharing="sometimes")
