@@ -42,12 +42,15 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+import operator
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 BlockId = int | str
 
+_PICKS_KEPT = 1 << 16  # request lengths whose id getter is kept (one tuple of positions each)
 # The dense part is never shorter than this many blocks (large blocks: long dense part).
 MIN_DENSE_BLOCKS = 16
 
@@ -94,6 +97,7 @@ class SharedPrefixIndex:
         self.capacity = capacity
         self.dense_blocks = dense_blocks
         self._positions: list[int] = []  # indexed positions, extended as requests grow
+        self._picks: dict[int, tuple[list[int], Callable[[list], tuple] | None]] = {}
         self._timeout = timeout_s
         self._owner: dict[BlockId, str] = {}  # private block -> the open conversation holding it
         self._shared: dict[BlockId, float] = {}  # shared block -> last reference (s)
@@ -142,36 +146,56 @@ class SharedPrefixIndex:
         """
         if not self.capacity or not hashes:
             return NO_SHARING, held
-        positions = self.positions(len(hashes))
-        indexed = hashes if len(positions) == len(hashes) else [hashes[p] for p in positions]
+        positions, pick = self._pick(len(hashes))
+        indexed = hashes if pick is None else pick(hashes)
         owners = self._owner
         shared = self._shared
         upserts = self.changes.upserts
-        count = born = 0
-        run_gaps: list[float] = []
-        for block in indexed:
-            last = shared.get(block)
-            if last is None:
-                owner = owners.get(block)
-                if owner is None or owner == session_id:
-                    break
-                del owners[block]
-                born += 1
-                last = last_seen(owner)
-                self._schedule(block, max(last, timestamp))
-            gap = timestamp - last
-            run_gaps.append(gap if gap > 0.0 else 0.0)
-            if timestamp > last:
-                last = timestamp
-            shared[block] = last
-            upserts[block] = last
+        born = 0
+        # Each indexed block's last reference if it is shared (None if not), looked up in C;
+        # the run goes on through blocks that another open conversation holds (now shared).
+        lasts: list[float | None] = list(map(shared.get, indexed))
+        count = 0
+        size = len(lasts)
+        while count < size:
+            if None not in lasts[count:]:
+                count = size
+                break
+            count = lasts.index(None, count)
+            block = indexed[count]
+            owner = owners.get(block)
+            if owner is None or owner == session_id:
+                break
+            del owners[block]
+            born += 1
+            last = last_seen(owner)
+            self._schedule(block, max(last, timestamp))
+            lasts[count] = last
             count += 1
-        run = _run(run_gaps, positions, len(hashes), born)
+        del lasts[count:]
+        if count:
+            newest_last = max(lasts)  # type: ignore[type-var]
+            run_blocks = indexed[:count]
+            if timestamp >= newest_last:  # in order: every block's last reference is now
+                now = dict.fromkeys(run_blocks, timestamp)
+            else:  # a late event leaves the later references standing
+                now = {b: max(t, timestamp) for b, t in zip(run_blocks, lasts, strict=True)}
+            shared.update(now)
+            upserts.update(now)
+        run = _run(timestamp, lasts, positions, len(hashes), born)
         if not newest:
             return run, held
-        mine = []
+        rest = indexed[count:]
+        # The usual case: this request repeats the one before it, whose ids the conversation
+        # holds, bar the last (a partly filled block, re-hashed once it fills).
+        same = len(held) - 1
+        if same > 0 and tuple(rest[:same]) == held[:same]:
+            mine = list(held[:same])
+            dropped = held[same:]
+        else:
+            same, mine, dropped = 0, [], held
         room = self.capacity - len(self)
-        for block in indexed[count:]:
+        for block in rest[same:]:
             owner = owners.get(block)
             if owner == session_id:
                 mine.append(block)
@@ -179,11 +203,27 @@ class SharedPrefixIndex:
                 owners[block] = session_id
                 mine.append(block)
                 room -= 1
-        kept = set(mine)
-        for block in held:
-            if block not in kept and owners.get(block) == session_id:
-                del owners[block]
+        if dropped:
+            kept = set(mine)
+            for block in dropped:
+                if block not in kept and owners.get(block) == session_id:
+                    del owners[block]
         return run, tuple(mine)
+
+    def _pick(self, blocks: int) -> tuple[list[int], Callable[[list], tuple] | None]:
+        """The indexed positions of a ``blocks``-block request and a getter of their ids
+        (None: every block is indexed)."""
+        picked = self._picks.get(blocks)
+        if picked is None:
+            positions = self.positions(blocks)
+            getter = None
+            if len(positions) < blocks:
+                one = operator.itemgetter(*positions)
+                getter = one if len(positions) > 1 else (lambda ids: (one(ids),))
+            picked = (positions, getter)
+            if len(self._picks) < _PICKS_KEPT:
+                self._picks[blocks] = picked
+        return picked
 
     def positions(self, blocks: int) -> list[int]:
         """The indexed positions of a request of ``blocks`` blocks (0-based, increasing)."""
@@ -233,20 +273,37 @@ class SharedPrefixIndex:
         heapq.heappush(self._deadlines, (math.floor(last_ts + self._timeout), self._pushed, block))
 
 
-def _run(run_gaps: list[float], positions: list[int], blocks: int, born: int) -> SharedRun:
-    """The run of a request of ``blocks`` blocks whose first ``len(run_gaps)`` indexed ids
-    (at ``positions``) are shared. Each indexed id stands for the blocks up to the next one;
-    the run ends after the last shared id and at or before the next indexed position (or the
-    request's end), and is counted to the middle of that span, rounded up."""
-    count = len(run_gaps)
+def _run(
+    timestamp: float, lasts: list[float], positions: list[int], blocks: int, born: int
+) -> SharedRun:
+    """The run of a request (at ``timestamp`` s, ``blocks`` blocks) whose first
+    ``len(lasts)`` indexed ids (at ``positions``) are shared and were last referenced at
+    ``lasts``. Each indexed id stands for the blocks up to the next one; the run ends after the
+    last shared id and at or before the next indexed position (or the request's end), and is
+    counted to the middle of that span, rounded up."""
+    count = len(lasts)
     if not count:
         return NO_SHARING
-    gaps: dict[float, int] = {}
-    for k in range(count - 1):
-        gap = run_gaps[k]
-        gaps[gap] = gaps.get(gap, 0) + positions[k + 1] - positions[k]
     start = positions[count - 1]
     end = positions[count] if count < len(positions) else blocks  # first block not shared, at most
     last = (end - start + 1) // 2
-    gaps[run_gaps[-1]] = gaps.get(run_gaps[-1], 0) + last
+    if lasts.count(lasts[0]) == count:  # the usual case: referenced together, one gap
+        gap = timestamp - lasts[0]
+        return SharedRun(start + last, ((gap if gap > 0.0 else 0.0, start + last),), born)
+    weights = Counter(lasts[:-1]) if start == count - 1 else _span_weights(lasts, positions)
+    weights[lasts[-1]] += last
+    gaps: dict[float, int] = {}
+    for previous, n in weights.items():
+        gap = timestamp - previous
+        gap = gap if gap > 0.0 else 0.0
+        gaps[gap] = gaps.get(gap, 0) + n
     return SharedRun(start + last, tuple(sorted(gaps.items())), born)
+
+
+def _span_weights(lasts: list[float], positions: list[int]) -> Counter[float]:
+    """Blocks per previous reference time, each indexed id standing for the blocks up to the
+    next one (all but the last shared id)."""
+    weights: Counter[float] = Counter()
+    for k in range(len(lasts) - 1):
+        weights[lasts[k]] += positions[k + 1] - positions[k]
+    return weights

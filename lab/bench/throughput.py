@@ -32,6 +32,11 @@ class ThroughputResult:
     python_pipeline_per_s: float
     simulate_per_s: float
     replay_engine: str
+    # The daemon pipeline on events with block_hashes (preset shared_system), the shared-prefix
+    # index on (the default) and off: what the index costs per event.
+    shared_events: int = 0
+    shared_index_per_s: float = 0.0
+    shared_index_off_per_s: float = 0.0
 
     def rows(self) -> list[tuple[str, str, str, str]]:
         """(benchmark, figure, baseline, ratio) rows for the README table."""
@@ -60,6 +65,13 @@ class ThroughputResult:
                 ratio(self.python_pipeline_per_s),
             ),
             (
+                "daemon pipeline, events with block_hashes (shared_system, 16-token blocks), "
+                "shared-prefix index on",
+                f"{self.shared_index_per_s:,.0f} events/s",
+                f"{self.shared_index_off_per_s:,.0f} events/s (index off: --shared-index-blocks 0)",
+                f"{self.shared_index_per_s / self.shared_index_off_per_s:.2f}",
+            ),
+            (
                 "Algorithm 1 simulator (from arrays)",
                 f"{self.simulate_per_s:,.0f} requests/s",
                 decode,
@@ -76,6 +88,9 @@ class ThroughputResult:
             "replay_engine": self.replay_engine,
             "python_pipeline_per_s": self.python_pipeline_per_s,
             "simulate_per_s": self.simulate_per_s,
+            "shared_events": self.shared_events,
+            "shared_index_per_s": self.shared_index_per_s,
+            "shared_index_off_per_s": self.shared_index_off_per_s,
             "pipeline_vs_decode": self.pipeline_per_s / self.decode_per_s,
             "python_pipeline_vs_decode": self.python_pipeline_per_s / self.decode_per_s,
         }
@@ -126,9 +141,32 @@ def run_throughput(
     def sim() -> None:
         simulate(sim_trace, 4000)
 
+    shared = generate(
+        preset("shared_system"), lambda0=2.0, conversations=max(1, conversations // 4), seed=seed
+    )
+    shared_lines = list(shared.jsonl_lines())
+
+    def daemon_on(config: StatsConfig) -> Callable[[], None]:
+        def run() -> None:
+            runner = Pipeline(config)
+            for line in shared_lines:
+                runner.offer(line)
+            runner.engine.finish()
+            runner.engine.snapshot()
+
+        return run
+
     works = {"decode": decode, "parse": parse, "pipeline": pipeline}
     works |= {"python_pipeline": python_pipeline, "sim": sim}
     rates = _best_rates(len(lines), works, repeats)
+    shared_rates = _best_rates(
+        len(shared_lines),
+        {
+            "on": daemon_on(config),
+            "off": daemon_on(StatsConfig(shared_index_blocks=0)),
+        },
+        repeats,
+    )
     return ThroughputResult(
         events=len(lines),
         decode_per_s=rates["decode"],
@@ -137,4 +175,7 @@ def run_throughput(
         python_pipeline_per_s=rates["python_pipeline"],
         simulate_per_s=rates["sim"],
         replay_engine="native" if native_available() else "python",
+        shared_events=len(shared_lines),
+        shared_index_per_s=shared_rates["on"],
+        shared_index_off_per_s=shared_rates["off"],
     )
