@@ -29,14 +29,26 @@ def test_json_gives_every_throughput_figure_with_its_decode_baseline() -> None:
     throughput = figures["throughput"]
     assert throughput["events"] > 200  # several turns per conversation
     rates = ("decode_per_s", "parse_per_s", "pipeline_per_s", "python_pipeline_per_s")
-    for rate in (*rates, "simulate_per_s"):
+    for rate in (*rates, "simulate_per_s", "shared_index_per_s", "shared_index_off_per_s"):
         assert throughput[rate] > 0, rate
+    assert throughput["shared_events"] > 50  # the shared_system preset, a quarter of them
     for name in ("pipeline", "python_pipeline"):
         assert throughput[f"{name}_vs_decode"] == pytest.approx(
             throughput[f"{name}_per_s"] / throughput["decode_per_s"]
         )
     expected_engine = "native" if native_available() else "python"
     assert throughput["replay_engine"] == expected_engine
+
+
+def test_the_shadow_suite_gives_its_error_cpu_and_memory_against_the_exact_simulation() -> None:
+    code, output = _bench("--suite", "shadow", "--shadow-requests", "3000", "--json")
+    assert code == 0, output
+    shadow = orjson.loads(output)["shadow"]
+    assert shadow["requests"] == shadow["exact_requests"] == 3000
+    assert len(shadow["exact_curve"]) == len(shadow["capacities"]) == 17
+    assert shadow["max_abs_error"] == max(shadow["max_abs_errors"]) >= 0
+    assert shadow["shadow_ns_per_event"] > 0 and shadow["exact_ns_per_event"] > 0
+    assert shadow["memory_bytes"] > 0
 
 
 def test_json_gives_the_solver_against_brentq_and_their_agreement() -> None:
@@ -60,10 +72,13 @@ def test_markdown_table_has_a_baseline_and_a_ratio_in_every_row() -> None:
         "parse_event (contract)",
         f"replay pipeline (parse + track + window, {engine} engine)",
         "daemon pipeline (the same, Python engine, per event)",
+        "daemon pipeline, events with block_hashes (shared_system, 16-token blocks), "
+        "shared-prefix index on",
         "Algorithm 1 simulator (from arrays)",
     ]
     for row in rows:
-        assert "orjson.loads" in row[2]
+        # Each against decoding the same lines, or (the index) against the index off.
+        assert "orjson.loads" in row[2] or "--shared-index-blocks 0" in row[2]
         float(row[3])  # a number, measured in this run
 
 
