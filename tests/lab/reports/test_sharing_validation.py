@@ -36,7 +36,12 @@ def report(outputs: tuple[int, Path]) -> SharingReport:
 
 
 def test_the_quick_grid_covers_the_presets_and_the_mooncake_trace(report) -> None:
-    assert report.workloads() == ["shared_system", "agentic", "mooncake synthetic"]
+    assert report.workloads() == [
+        "shared_system",
+        "agentic",
+        "mooncake synthetic",
+        "mooncake synthetic, measured whole",
+    ]
     assert all(0.0 <= p.simulated <= 1.0 for p in report.points)
 
 
