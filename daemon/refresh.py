@@ -60,7 +60,10 @@ def compute_refresh(state: WindowState, settings: DaemonSettings, table_version:
     forecast["event_time"] = now
     forecast["window_conversations"] = snapshot.window_conversations
     forecast["computed_at"] = time.time()
-    return Refresh(forecast, table_document(snapshot, config, table_version), snapshot)
+    # The density policy's horizon is the forecast's T_C: engines rank with the same model.
+    t_c = forecast.get("characteristic_time_s")
+    table = table_document(snapshot, config, table_version, characteristic_time_s=t_c)
+    return Refresh(forecast, table, snapshot)
 
 
 def emptied(previous: dict[str, Any] | None, table: dict[str, Any]) -> bool:

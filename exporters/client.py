@@ -7,6 +7,14 @@ engines can use it without torch, Kafka, numpy or the daemon.
 >>> client.start()  # one load now (bounded by timeout_s), then every refresh_s  # doctest: +SKIP
 >>> client.priority("coding", 2, age_s=30.0, size_tokens=1024)  # doctest: +SKIP
 (1, 0.71, 1024)
+>>> client.priority("coding", 2, 30.0, 1024, policy="density")  # doctest: +SKIP
+(1.9e-06, -30.0)
+
+Policies (SPEC section 12): ``iac``, the tuple of SPEC Eq. 1, and ``density``, the hit density
+of the state at the node's age over the table's horizon (``kvcast.stats.priority``). The
+client's ``policy`` (constructor; ``iac`` by default) is the one :meth:`TableClient.priority`
+and :meth:`TableClient.rank` use and the one the engine adapters rank by; a call may name
+another.
 
 Failure rule: a source that is down, slow or answers a malformed table never breaks the
 caller; the client keeps the last good table, or the defaults if it never loaded one, and
@@ -25,12 +33,19 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
-from kvcast.stats.priority import Priority, PriorityIndex, TableError, redis_table_key
+from kvcast.stats.priority import (
+    POLICIES,
+    DensityKey,
+    Priority,
+    PriorityIndex,
+    TableError,
+    redis_table_key,
+)
 
 __all__ = [
     "FileTableSource",
@@ -184,6 +199,8 @@ class TableClient:
 
     ``source``: a URL for :func:`open_source` or a :class:`TableSource`. ``max_turn``: the
     daemon's ``--max-turn`` when the table does not carry it (see :mod:`.priority`).
+    ``policy``: ``iac`` or ``density``, what :meth:`priority`, :meth:`rank` and the adapters
+    built on this client rank by.
     """
 
     def __init__(
@@ -195,9 +212,13 @@ class TableClient:
         timeout_s: float = 2.0,
         max_turn: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        policy: str = "iac",
     ) -> None:
         if not refresh_s > 0:
             raise ValueError(f"refresh_s must be > 0, got {refresh_s}")
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        self.policy = policy
         self.source = (
             open_source(source, namespace, timeout_s) if isinstance(source, str) else source
         )
@@ -215,12 +236,27 @@ class TableClient:
 
     # -- reading (any thread) ----------------------------------------------------------------
 
-    def priority(self, intent: str, turn: int, age_s: float, size_tokens: float) -> Priority:
-        """IAC priority on the current table; lowest evicted first (:meth:`PriorityIndex.priority`).
+    def priority(
+        self,
+        intent: str,
+        turn: int,
+        age_s: float,
+        size_tokens: float,
+        policy: str | None = None,
+    ) -> Priority | DensityKey:
+        """Priority on the current table under ``policy`` (default: the client's); lowest
+        evicted first (:meth:`PriorityIndex.priority`).
 
         In a hot loop, read ``client.index`` once and call its ``priority`` directly.
         """
-        return self.index.priority(intent, turn, age_s, size_tokens)
+        return self.index.priority(intent, turn, age_s, size_tokens, policy or self.policy)
+
+    def rank(
+        self, candidates: Iterable[tuple[str, int, float, float]], policy: str | None = None
+    ) -> list[int]:
+        """Positions of ``(intent, turn, age_s, size_tokens)`` candidates, eviction order
+        first, under ``policy`` (default: the client's; :meth:`PriorityIndex.rank`)."""
+        return self.index.rank(candidates, policy or self.policy)
 
     @property
     def version(self) -> int | None:

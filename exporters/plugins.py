@@ -16,9 +16,14 @@ from kvcast.exporters.adapters import sglang
 from kvcast.exporters.adapters.vllm import IACFreeBlockQueue, tagging_free
 from kvcast.exporters.client import TableClient
 
-__all__ = ["TABLE_ENV", "register_sglang", "register_vllm"]
+__all__ = ["POLICY_ENV", "TABLE_ENV", "register_sglang", "register_vllm"]
 
 TABLE_ENV = "KVCAST_TABLE"  # the table's URL: redis://HOST:PORT, http://HOST:9400, a file path
+POLICY_ENV = "KVCAST_POLICY"  # iac (default) or density: what the engine ranks by
+
+
+def _client(url: str) -> TableClient:
+    return TableClient(url, policy=os.environ.get(POLICY_ENV) or "iac").start()
 
 
 def register_vllm() -> None:
@@ -34,7 +39,7 @@ def register_vllm() -> None:
     current = block_pool.FreeKVCacheBlockQueue
     if isinstance(current, type) and issubclass(current, IACFreeBlockQueue):
         return  # registered already in this process
-    client = TableClient(url).start()
+    client = _client(url)
     block_pool.FreeKVCacheBlockQueue = IACFreeBlockQueue.bound(client)
     manager = kv_cache_manager.KVCacheManager
     manager.free = tagging_free(manager.free)
@@ -61,4 +66,4 @@ def _sglang_cache(context: Any) -> Any:
             f"--radix-cache-backend {sglang.BACKEND_NAME} needs the table's URL in {TABLE_ENV} "
             "(redis://HOST:PORT, http://HOST:9400 or a file path)"
         )
-    return sglang.build_cache(context, TableClient(url).start())
+    return sglang.build_cache(context, _client(url))

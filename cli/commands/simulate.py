@@ -80,8 +80,14 @@ def policy_options(
     threshold_s: float,
     size: str,
     table: dict[str, Any] | None,
+    horizon_s: float | None = None,
 ) -> dict[str, Any]:
     """The options each block policy takes, from the command's flags."""
+    if policy == "density":
+        found = {"learn_fraction": learn_fraction, "size": size, "table": table}
+        return found if horizon_s is None else {**found, "horizon_s": horizon_s}
+    if policy == "iac" and granularity == "conversation":
+        return {"learn_fraction": learn_fraction, "size": size, "table": table}
     if granularity != "block":
         return {}
     if policy == "iac":
@@ -104,7 +110,8 @@ def _tty_progress(done: int, total: int) -> None:
     "--policy",
     default="lru",
     show_default=True,
-    help="Cache policy: lru (conversation or block); iac, iac-rolling, tbs, lfu, gdsf (block).",
+    help="Cache policy: lru, iac, density (conversation or block); iac-rolling, tbs, lfu, gdsf "
+    "(block).",
 )
 @click.option(
     "--capacity-blocks",
@@ -162,6 +169,13 @@ def _tty_progress(done: int, total: int) -> None:
     help="tbs: next-reuse threshold, seconds.",
 )
 @click.option(
+    "--horizon-s",
+    type=Floats(min=0, min_open=True),
+    default=None,
+    help="density: horizon, seconds (default: the table's characteristic_time_s, the "
+    "forecast's T_C at the capacity, at least 60 s).",
+)
+@click.option(
     "--size",
     type=click.Choice(["block", "request"]),
     default="block",
@@ -183,6 +197,7 @@ def simulate_command(
     threshold_s: float,
     size: str,
     as_json: bool,
+    horizon_s: float | None = None,
 ) -> None:
     """Replay FILE.jsonl through a cache simulator and print the measured hit ratio
     (reused input blocks / input blocks over whole measured conversations)."""
@@ -204,7 +219,7 @@ def simulate_command(
         raise click.ClickException(f"{file}: no valid events")
     table = orjson.loads(Path(table_file).read_bytes()) if table_file else None
     options = policy_options(
-        policy, granularity, learn_fraction, refresh_s, threshold_s, size, table
+        policy, granularity, learn_fraction, refresh_s, threshold_s, size, table, horizon_s
     )
     if granularity == "block" and sys.stderr.isatty():
         options["progress"] = _tty_progress
@@ -229,7 +244,7 @@ def simulate_command(
             options={
                 k: v
                 for k, v in options.items()
-                if k in ("learn_fraction", "refresh_s", "threshold_s", "size")
+                if k in ("learn_fraction", "refresh_s", "threshold_s", "size", "horizon_s")
             },
             load_s=load_s,
             requests_per_s=len(trace) / result.elapsed_s if result.elapsed_s > 0 else None,

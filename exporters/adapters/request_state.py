@@ -11,9 +11,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from kvcast.stats.priority import PriorityIndex
+from kvcast.stats.priority import POLICIES, PriorityIndex
 
-__all__ = ["INTENT_KEY", "TURN_KEY", "FixedTable", "HasIndex", "live_table", "state_from"]
+__all__ = [
+    "INTENT_KEY",
+    "TURN_KEY",
+    "FixedTable",
+    "HasIndex",
+    "live_table",
+    "policy_of",
+    "state_from",
+]
 
 INTENT_KEY = "kvcast_intent"
 TURN_KEY = "kvcast_turn"
@@ -26,17 +34,30 @@ class HasIndex(Protocol):
 
 
 class FixedTable:
-    """One table that never changes (tests, benchmarks, an engine without a table source)."""
+    """One table that never changes (tests, benchmarks, an engine without a table source);
+    ``policy``: what the adapters rank by, as ``TableClient(..., policy=...)``."""
 
-    __slots__ = ("index",)
+    __slots__ = ("index", "policy")
 
-    def __init__(self, index: PriorityIndex) -> None:
+    def __init__(self, index: PriorityIndex, policy: str = "iac") -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
         self.index = index
+        self.policy = policy
 
 
 def live_table(table: HasIndex | PriorityIndex) -> HasIndex:
     """``table`` as something whose ``.index`` is read at each use (a refresh applies)."""
     return FixedTable(table) if isinstance(table, PriorityIndex) else table
+
+
+def policy_of(table: HasIndex) -> str:
+    """The policy an adapter ranks by: the table's ``policy`` (a ``TableClient``'s or a
+    :class:`FixedTable`'s), ``iac`` for anything without one."""
+    policy = getattr(table, "policy", "iac")
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+    return policy
 
 
 def state_from(extension: Mapping[str, Any] | None) -> tuple[str | None, int]:

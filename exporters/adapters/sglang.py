@@ -25,7 +25,9 @@ What kvcast adds:
 The order. Untagged nodes go first, among themselves in SGLang's LRU order, so that a cache
 with nothing tagged evicts exactly as stock. Tagged nodes follow, by the IAC tuple of SPEC
 section 5: ``(1[age < M(i, t)], P(t+1 | i, t), size in tokens)``, the age in seconds since the
-release. The table is looked up once per released request; a refreshed table revalues every
+release; or, when the table's client ranks by ``density`` (``TableClient(..., policy=
+"density")``), by ``(hit density per token, -age)``, the client's :meth:`priority` key (SPEC
+section 12). The table is looked up once per released request; a refreshed table revalues every
 state at the next eviction.
 """
 
@@ -34,10 +36,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from math import log1p
 from typing import Any
 
-from kvcast.exporters.adapters.request_state import HasIndex, live_table, state_from
-from kvcast.stats.priority import PriorityIndex
+from kvcast.exporters.adapters.request_state import HasIndex, live_table, policy_of, state_from
+from kvcast.stats.priority import AGE_BUCKETS, PER_OCTAVE, PriorityIndex
 
 __all__ = [
     "BACKEND_NAME",
@@ -55,6 +58,8 @@ BACKEND_NAME = "kvcast"  # --radix-cache-backend kvcast
 TAG_ATTR = "kvcast_tag"  # on a tree node: (its state, released at: strategy clock s) or None
 UNTAGGED = -1  # first element of an untagged node's key: below every tagged one (0 or 1)
 _MAX_STATES = 4_096  # (intent, turn) pairs valued per table: requests choose them
+_BUCKET_SCALE = PER_OCTAVE / 0.6931471805599453  # kvcast.stats.priority.age_bucket, inlined
+_LAST = AGE_BUCKETS - 1
 
 
 class RustTreeCoreError(TypeError):
@@ -64,12 +69,13 @@ class RustTreeCoreError(TypeError):
 class _State:
     """One (intent, turn) state's table values, shared by every node tagged with it."""
 
-    __slots__ = ("key", "median_s", "p")
+    __slots__ = ("curve", "key", "median_s", "p")
 
     def __init__(self, key: tuple[str, int] | None) -> None:
         self.key = key  # None: the table's defaults
         self.median_s = 0.0
         self.p = 0.0
+        self.curve: list[float] = []  # density per age bucket (policy density only)
 
 
 def request_state(req: Any) -> tuple[str | None, int]:
@@ -83,13 +89,16 @@ class IACStrategy:
 
     ``table``: a ``TableClient`` (its current index is read at each eviction) or a fixed
     :class:`PriorityIndex`. ``clock``: seconds, the clock release times are taken on (an
-    attribute: tests replace it).
+    attribute: tests replace it). The policy is the table's (``table.policy``, ``iac`` for a
+    bare index).
     """
 
     def __init__(
         self, table: HasIndex | PriorityIndex, *, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self._table = live_table(table)
+        self.policy = policy_of(self._table)
+        self._density = self.policy == "density"
         self.clock = clock
         self._index: PriorityIndex | None = None
         self._states: dict[tuple[str, int] | None, _State] = {}
@@ -97,13 +106,18 @@ class IACStrategy:
         self._sync()
 
     def get_priority(self, node: Any) -> tuple[Any, ...]:
-        """``(-1, last_access_time)`` untagged, else ``(recency, P(t+1 | i, t), size)``."""
+        """``(-1, last_access_time)`` untagged, else ``(recency, P(t+1 | i, t), size)``
+        (``iac``) or ``(0, hit density per token, -age)`` (``density``)."""
         tag = node.__dict__.get(TAG_ATTR)  # no AttributeError raised and caught per node
         if tag is None:
             return (UNTAGGED, node.last_access_time)
         if self._table.index is not self._index:
             self._sync()
         state, released_at = tag
+        if self._density:
+            age = self.clock() - released_at
+            k = int(log1p(age) * _BUCKET_SCALE) if age > 0.0 else 0
+            return (0, state.curve[k if k < _LAST else _LAST] / (len(node.key) or 1), -age)
         recent = 1 if self.clock() - released_at < state.median_s else 0
         return (recent, state.p, len(node.key))
 
@@ -141,7 +155,7 @@ class IACStrategy:
             if len(self._states) >= _MAX_STATES and not index.listed(*key):
                 return self._default
             found = self._states[key] = _State(key)
-            _value(found, index)
+            _value(found, index, self._density)
         return found
 
     def _sync(self) -> None:
@@ -149,14 +163,18 @@ class IACStrategy:
         index = self._table.index
         self._index = index
         for state in self._states.values():
-            _value(state, index)
+            _value(state, index, self._density)
 
 
-def _value(state: _State, index: PriorityIndex) -> None:
+def _value(state: _State, index: PriorityIndex, density: bool) -> None:
     if state.key is None:
         state.median_s, state.p = index.default_median_s, index.default_p
+        if density:
+            state.curve = index.default_curve().values
     else:
         state.median_s, state.p = index.state(*state.key)
+        if density:
+            state.curve = index.curve(*state.key).values
 
 
 def _node_of(cache: Any, handle: Any) -> Any:

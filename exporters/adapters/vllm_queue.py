@@ -17,6 +17,15 @@ one state blocks leave in the order they were freed (a request's tail first), so
 operation is O(1) per block plus one pass over the table's states per ``popleft_n``; the table
 is read once per freed request, never per block.
 
+Under the ``density`` policy (the table's client ranks by it: ``TableClient(..., policy=
+"density")``) the tagged blocks go lowest hit density first (``kvcast.stats.priority``), the
+key of ``PriorityIndex.priority(..., policy="density")`` with the size of one block: the
+density of the state at the age since the block was freed, ties oldest first. A state's
+density is unimodal in age and its list is ordered by age, so its lowest block is at one end
+of the list: one heap holds each list's two ends (a request's blocks, freed together, move as
+one run), re-valued when a block's age enters a bucket of another value (a flip heap), so a
+``popleft_n`` costs O(log states) per run it takes.
+
 The tags live in a side table keyed by block id (vLLM's ``KVCacheBlock`` is a slots dataclass
 and takes no new attributes). Not thread-safe, like vLLM's queue: the block pool runs on the
 scheduler thread.
@@ -24,18 +33,23 @@ scheduler thread.
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from kvcast.exporters.adapters.request_state import HasIndex, live_table
-from kvcast.stats.priority import PriorityIndex
+from kvcast.exporters.adapters.request_state import HasIndex, live_table, policy_of
+from kvcast.stats.priority import AGE_BUCKETS, PriorityIndex, age_bucket, bucket_start
 
 __all__ = ["IACFreeBlockQueue"]
 
 _MAX_RESOLVED = 65_536  # (intent, turn) pairs remembered per table: requests choose them
 _MAX_LISTS = 4_096  # state lists; the table's own states always get theirs
+_HEAD, _TAIL = 0, 1  # the ends of a state list a density candidate stands for
+# Where each age bucket's value takes over (s), nudged so that rounding never leaves a block in
+# the bucket before at its flip time.
+_STARTS = [bucket_start(k) * (1 + 1e-12) + 1e-9 for k in range(AGE_BUCKETS)]
 
 
 class _Link:
@@ -58,7 +72,18 @@ def _empty_list() -> tuple[_Link, _Link]:
 class _StateList:
     """The free blocks of one table state, oldest first, and the state's table values."""
 
-    __slots__ = ("head", "median_s", "p", "rank", "state", "tail")
+    __slots__ = (
+        "change",
+        "curve",
+        "epochs",
+        "head",
+        "median_s",
+        "p",
+        "rank",
+        "serial",
+        "state",
+        "tail",
+    )
 
     def __init__(self, state: tuple[str, int] | None) -> None:
         self.state = state  # None: the table's defaults (unlisted intents)
@@ -66,6 +91,10 @@ class _StateList:
         self.median_s = 0.0
         self.p = 0.0
         self.rank = 0  # position in the queue's lists by p
+        self.curve: list[float] = []  # density by age bucket (policy density)
+        self.change: list[int] = []  # per bucket, the next bucket of another value
+        self.epochs = [0, 0]  # per end: density candidates of another epoch are stale
+        self.serial = 0  # creation order: the density tie-break between lists
 
 
 class _Tagging:
@@ -104,6 +133,10 @@ class IACFreeBlockQueue:
         if table is None:
             table = PriorityIndex(None)
         self._table: HasIndex = live_table(table)
+        self._density = policy_of(self._table) == "density"
+        # density: (value, freed at, serial, end, epoch, list) and (when, serial, end, epoch, list)
+        self._heap: list[tuple[Any, ...]] = []
+        self._flips: list[tuple[Any, ...]] = []
         self._clock = clock
         self.num_free_blocks = 0
         self.fake_free_list_head, self.fake_free_list_tail = _empty_list()
@@ -168,6 +201,7 @@ class IACFreeBlockQueue:
                 found = self._lists.get(state)
             if found is None:
                 found = self._lists[state] = _StateList(state)
+                found.serial = len(self._lists)
                 self._set_values(found, index)
                 self._by_p.append(found)
                 self._rank()
@@ -184,6 +218,8 @@ class IACFreeBlockQueue:
             for state_list in self._lists.values():
                 self._set_values(state_list, index)
             self._rank()
+            if self._density:
+                self._rebuild_density()
         return index
 
     def _rank(self) -> None:
@@ -192,12 +228,120 @@ class IACFreeBlockQueue:
             state_list.rank = rank
         self._stale_from, self._low_rank = -math.inf, 0
 
-    @staticmethod
-    def _set_values(state_list: _StateList, index: PriorityIndex) -> None:
+    def _rebuild_density(self) -> None:
+        """Every list's density candidates again (the table's values changed)."""
+        self._heap, self._flips = [], []
+        now = self._clock()
+        for state_list in self._by_p:
+            self._push_ends(state_list, now)
+
+    def _set_values(self, state_list: _StateList, index: PriorityIndex) -> None:
         if state_list.state is None:
             state_list.median_s, state_list.p = index.default_median_s, index.default_p
+            curve = index.default_curve() if self._density else None
         else:
             state_list.median_s, state_list.p = index.state(*state_list.state)
+            curve = index.curve(*state_list.state) if self._density else None
+        if curve is not None:
+            state_list.curve, state_list.change = curve.values, curve.changes()
+
+    # -- density: each list's two end runs in one heap -------------------------------------------
+
+    def _push_ends(self, state_list: _StateList, now: float) -> None:
+        """Make the list's candidates current: its oldest run and, if another, its newest."""
+        state_list.epochs[_HEAD] += 1
+        state_list.epochs[_TAIL] += 1
+        if len(self._heap) > 8 * len(self._by_p) + 1024:  # mostly stale entries: drop them
+            self._heap = [e for e in self._heap if e[4] == e[5].epochs[e[3]]]
+            self._flips = [f for f in self._flips if f[3] == f[4].epochs[f[2]]]
+            heapq.heapify(self._heap)
+            heapq.heapify(self._flips)
+        first = state_list.head.next_free_block
+        if first is state_list.tail:
+            return
+        tags = self._tags
+        head_tag = tags[first.block_id]
+        self._push_end(state_list, head_tag, _HEAD, now)
+        tail_tag = tags[state_list.tail.prev_free_block.block_id]
+        if tail_tag is not head_tag:
+            self._push_end(state_list, tail_tag, _TAIL, now)
+
+    def _push_tail(self, state_list: _StateList, now: float) -> None:
+        """A new newest run behind a head run that stays: only the tail candidate changes."""
+        state_list.epochs[_TAIL] += 1
+        tags = self._tags
+        tail_tag = tags[state_list.tail.prev_free_block.block_id]
+        if tail_tag is not tags[state_list.head.next_free_block.block_id]:
+            self._push_end(state_list, tail_tag, _TAIL, now)
+
+    def _push_end(
+        self, state_list: _StateList, tag: tuple[_StateList, float], end: int, now: float
+    ) -> None:
+        freed_at = tag[1]
+        k = age_bucket(now - freed_at)
+        epoch, serial = state_list.epochs[end], state_list.serial
+        heapq.heappush(self._heap, (state_list.curve[k], freed_at, serial, end, epoch, state_list))
+        later = state_list.change[k]
+        if later < AGE_BUCKETS:
+            flip = (freed_at + _STARTS[later], serial, end, epoch, state_list)
+            heapq.heappush(self._flips, flip)
+
+    def _pop_density(self, wanted: int, popped: list[Any]) -> None:
+        """Take ``wanted`` tagged blocks, lowest density first (a run at a time)."""
+        now = self._clock()
+        tags = self._tags
+        # self._heap and self._flips are read anew each time: _push_ends may compact them.
+        while self._flips and self._flips[0][0] <= now:
+            _, _, end, epoch, state_list = heapq.heappop(self._flips)
+            if epoch == state_list.epochs[end]:
+                self._push_ends(state_list, now)
+        while wanted:
+            if not self._heap:
+                raise RuntimeError("num_free_blocks is out of sync with the free lists")
+            _, _, _, end, epoch, state_list = heapq.heappop(self._heap)
+            if epoch != state_list.epochs[end]:
+                continue
+            if end == _HEAD:
+                block = state_list.head.next_free_block
+            else:  # the newest run starts where the tag changes, walking back from the tail
+                block = state_list.tail.prev_free_block
+                run = tags[block.block_id]
+                while block.prev_free_block is not state_list.head and (
+                    tags[block.prev_free_block.block_id] is run
+                ):
+                    block = block.prev_free_block
+            run = tags[block.block_id]
+            before = block.prev_free_block
+            while wanted and block is not state_list.tail and tags[block.block_id] is run:
+                following = block.next_free_block
+                block.prev_free_block = block.next_free_block = None
+                tags[block.block_id] = None
+                popped.append(block)
+                wanted -= 1
+                block = following
+            before.next_free_block, block.prev_free_block = block, before
+            self._push_ends(state_list, now)
+
+    def _density_order(self) -> Iterator[Any]:
+        """The tagged blocks in the order :meth:`_pop_density` takes them, taking nothing:
+        a list's lowest run is at one of its ends, so taking the lowest end run until none is
+        left orders all runs by their key."""
+        now = self._clock()
+        tags = self._tags
+        runs: list[tuple[tuple[float, float, int], list[Any]]] = []
+        for state_list in self._by_p:
+            block = state_list.head.next_free_block
+            while block is not state_list.tail:
+                tag = tags[block.block_id]
+                blocks = []
+                while block is not state_list.tail and tags[block.block_id] is tag:
+                    blocks.append(block)
+                    block = block.next_free_block
+                value = state_list.curve[age_bucket(now - tag[1])]
+                runs.append(((value, tag[1], state_list.serial), blocks))
+        runs.sort(key=lambda item: item[0])
+        for _, blocks in runs:
+            yield from blocks
 
     # -- vLLM's FreeKVCacheBlockQueue ------------------------------------------------------------
 
@@ -230,6 +374,9 @@ class IACFreeBlockQueue:
 
     def _pop_tagged(self, wanted: int, popped: list[Any]) -> None:
         self._sync()
+        if self._density:
+            self._pop_density(wanted, popped)
+            return
         now = self._clock()
         by_p = self._by_p
         if now >= self._stale_from:
@@ -285,7 +432,14 @@ class IACFreeBlockQueue:
         prev_block.next_free_block, next_block.prev_free_block = next_block, prev_block
         block.prev_free_block = block.next_free_block = None
         if block.block_id < len(self._tags):
+            tag = self._tags[block.block_id]
             self._tags[block.block_id] = None
+            if (
+                tag is not None
+                and self._density
+                and (isinstance(prev_block, _Link) or isinstance(next_block, _Link))
+            ):  # an end of its state's list moved: its candidates again
+                self._push_ends(tag[0], self._clock())
         self.num_free_blocks -= 1
 
     def append(self, block: Any) -> None:
@@ -308,7 +462,8 @@ class IACFreeBlockQueue:
         else:
             tail = state_list.tail
             now = self._clock()
-            if tail.prev_free_block is state_list.head:  # a new first block: update the bounds
+            was_empty = tail.prev_free_block is state_list.head
+            if was_empty:  # a new first block: update the bounds
                 self._stale_from = min(self._stale_from, now + state_list.median_s)
                 self._low_rank = min(self._low_rank, state_list.rank)
             try:
@@ -318,6 +473,11 @@ class IACFreeBlockQueue:
                 last_block = self._link_tagged(blocks, tail, (state_list, now))
         last_block.next_free_block, tail.prev_free_block = tail, last_block
         self.num_free_blocks += len(blocks)
+        if state_list is not None and self._density:  # a new newest run
+            if was_empty:
+                self._push_ends(state_list, now)
+            else:
+                self._push_tail(state_list, now)
 
     def _link_tagged(
         self, blocks: Sequence[Any], tail: _Link, tag: tuple[_StateList, float]
@@ -371,6 +531,9 @@ class IACFreeBlockQueue:
             yield block
             block = block.next_free_block
         self._sync()
+        if self._density:
+            yield from self._density_order()
+            return
         now = self._clock()
         tags = self._tags
         resume: dict[int, Any] = {}

@@ -5,6 +5,10 @@
   dictionary work the priority is;
 - time to rank 1,000 eviction candidates by IAC priority against ranking them by LRU time
   (a sort on one float, what an LRU engine does);
+- the same under ``density``: from ``(intent, turn, age, size)`` tuples
+  (``PriorityIndex.rank(..., policy="density")``), and from columns, each candidate's state
+  curve resolved once per request as the adapters do
+  (``PriorityIndex.rank_by_density``);
 - kvcast's vLLM free queue: freeing 64-block requests tagged with their state, then taking
   them back, against the same queue untagged (which moves blocks step for step as vLLM's
   stock ``FreeKVCacheBlockQueue``). Against vLLM's own classes: ``engine_bench``.
@@ -63,6 +67,9 @@ class ClientBenchResult:
     dict_lookups_per_s: float
     rank_1000_s: float
     lru_rank_1000_s: float
+    density_priorities_per_s: float
+    density_rank_1000_s: float
+    density_columns_rank_1000_s: float
     queue_ops_per_s: float
     lru_queue_ops_per_s: float
 
@@ -87,6 +94,24 @@ class ClientBenchResult:
                 f"{self.rank_1000_s * 1e6:.0f} µs",
                 f"{self.lru_rank_1000_s * 1e6:.0f} µs (LRU: sort by access time)",
                 f"{self.rank_1000_s / self.lru_rank_1000_s:.1f}x the LRU time",
+            ),
+            (
+                "density priority (engine client, 992 states)",
+                f"{self.density_priorities_per_s / 1e6:.2f} M/s",
+                f"{self.dict_lookups_per_s / 1e6:.2f} M/s (bare dict.get((intent, turn)))",
+                f"{self.density_priorities_per_s / self.dict_lookups_per_s:.2f}",
+            ),
+            (
+                "rank 1,000 eviction candidates (density, from tuples)",
+                f"{self.density_rank_1000_s * 1e6:.0f} µs",
+                f"{self.lru_rank_1000_s * 1e6:.0f} µs (LRU: sort by access time)",
+                f"{self.density_rank_1000_s / self.lru_rank_1000_s:.1f}x the LRU time",
+            ),
+            (
+                "rank 1,000 eviction candidates (density, from columns)",
+                f"{self.density_columns_rank_1000_s * 1e6:.0f} µs",
+                f"{self.lru_rank_1000_s * 1e6:.0f} µs (LRU: sort by access time)",
+                f"{self.density_columns_rank_1000_s / self.lru_rank_1000_s:.1f}x the LRU time",
             ),
             (
                 "vLLM free queue, free (tagged) + take, 64-block requests",
@@ -139,6 +164,21 @@ def run_client_bench(calls: int = 200_000, repeats: int = 5, seed: int = 11) -> 
     def rank() -> None:
         index.rank(candidates)
 
+    def density_priorities() -> None:
+        priority = index.priority
+        for intent, turn, age, size in work:
+            priority(intent, turn, age, size, "density")
+
+    def density_rank() -> None:
+        index.rank(candidates, "density")
+
+    density_rank()  # the states' curves are built on first use, once per table
+    curves = [index.curve(intent, turn).values for intent, turn, _a, _s in candidates]
+    ages = [age for _i, _t, age, _s in candidates]
+
+    def density_columns_rank() -> None:
+        index.rank_by_density(curves, ages)
+
     def lru_rank() -> None:
         sorted(range(len(access_times)), key=access_times.__getitem__)
 
@@ -170,6 +210,9 @@ def run_client_bench(calls: int = 200_000, repeats: int = 5, seed: int = 11) -> 
         dict_lookups_per_s=calls / _best_of(repeats, lookups),
         rank_1000_s=_best_of(repeats * 4, rank),
         lru_rank_1000_s=_best_of(repeats * 4, lru_rank),
+        density_priorities_per_s=calls / _best_of(repeats, density_priorities),
+        density_rank_1000_s=_best_of(repeats * 4, density_rank),
+        density_columns_rank_1000_s=_best_of(repeats * 4, density_columns_rank),
         queue_ops_per_s=len(blocks) / _best_of(repeats, queue_ops),
         lru_queue_ops_per_s=len(blocks) / _best_of(repeats, lru_queue_ops),
     )

@@ -10,7 +10,8 @@ A real ``vllm.v1.core.block_pool.BlockPool`` of 100,000 blocks (16 tokens each) 
 three rounds; from the second round on ``get_new_blocks`` evicts cached blocks. Three queues:
 vLLM's ``FreeKVCacheBlockQueue``; kvcast's with nothing tagged; kvcast's with every request
 tagged by one of 240 table states (freed inside ``begin_tagging`` / ``end_tagging``, as the
-installed ``KVCacheManager.free`` does). Figures: nanoseconds per block, best of ``repeats``.
+installed ``KVCacheManager.free`` does), ranked by IAC (``tagged``) or by density
+(``density``). Figures: nanoseconds per block, best of ``repeats``.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from kvcast.exporters.adapters.request_state import FixedTable
 from kvcast.exporters.adapters.vllm import replace_queue
 from kvcast.stats.priority import PriorityIndex
 
-KINDS = ("stock", "untagged", "tagged")
+KINDS = ("stock", "untagged", "tagged", "density")  # density: tagged, policy density
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ class EngineBenchResult:
 
     def rows(self) -> list[tuple[str, str, str, str]]:
         rows = []
-        for kind in ("untagged", "tagged"):
+        for kind in ("untagged", "tagged", "density"):
             for name, figures in (("get_new_blocks", self.get_ns), ("free_blocks", self.free_ns)):
                 rows.append(
                     (
@@ -78,7 +80,8 @@ def _one_run(kind: str, blocks: int, request_blocks: int, index: PriorityIndex, 
     from vllm.v1.core.kv_cache_utils import BlockHash, make_block_hash_with_group_id
 
     pool = BlockPool(blocks, enable_caching=True, hash_block_size=16)
-    queue = pool.free_block_queue if kind == "stock" else replace_queue(pool, index)
+    table = FixedTable(index, "density") if kind == "density" else index
+    queue = pool.free_block_queue if kind == "stock" else replace_queue(pool, table)
     rng = random.Random(seed)
     intents = sorted({intent for intent, _ in index.states()})
     requests = (blocks - 1) // request_blocks
@@ -99,7 +102,7 @@ def _one_run(kind: str, blocks: int, request_blocks: int, index: PriorityIndex, 
                 pool.cached_block_hashes_by_block[block.block_id] = {key}
         states = [(rng.choice(intents), rng.randrange(1, 9)) for _ in held]
         start = time.perf_counter()
-        if kind == "tagged":
+        if kind in ("tagged", "density"):
             for request, (intent, turn) in zip(held, states, strict=True):
                 queue.begin_tagging(intent, turn)
                 pool.free_blocks(reversed(request))

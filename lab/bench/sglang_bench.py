@@ -13,6 +13,7 @@ real ``TokenToKVPoolAllocator`` on the CPU) holds ``leaves`` distinct cached seq
   baseline of the ratio);
 - ``untagged``: kvcast's strategy installed, nothing tagged;
 - ``tagged``: kvcast's strategy, every sequence tagged with one of 240 table states;
+- ``density``: the same, the strategy ranking by density (``policy="density"``);
 - ``rust lru``: SGLang's default build, the Rust tree core and its native LRU (for scale: the
   cost of leaving the Rust tree for the Python one, whatever the strategy).
 
@@ -30,11 +31,12 @@ from array import array
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from kvcast.exporters.adapters.request_state import FixedTable
 from kvcast.exporters.adapters.sglang import install
 from kvcast.lab.bench.engine_bench import print_figures, random_table
 from kvcast.stats.priority import PriorityIndex
 
-KINDS = ("lru", "untagged", "tagged", "rust lru")
+KINDS = ("lru", "untagged", "tagged", "density", "rust lru")
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ class SGLangBenchResult:
                 f"{lru:.1f} ms (LRUStrategy, Python tree core)",
                 f"{self.evict_ms[kind] / lru:.2f}x",
             )
-            for kind in ("untagged", "tagged")
+            for kind in ("untagged", "tagged", "density")
         ]
         rows.append(
             (
@@ -95,14 +97,15 @@ def _one_run(kind: str, leaves: int, leaf_tokens: int, index: PriorityIndex, see
     from sglang.srt.mem_cache.radix_cache import RadixKey
 
     cache, slots = _cache(kind, leaves * leaf_tokens)
-    strategy = install(cache, index) if kind in ("untagged", "tagged") else None
+    table = FixedTable(index, "density") if kind == "density" else index
+    strategy = install(cache, table) if kind in ("untagged", "tagged", "density") else None
     rng = random.Random(seed)
     intents = sorted({intent for intent, _ in index.states()})
     now = time.monotonic()
     for leaf in range(leaves):
         key = RadixKey(array("q", range(leaf * leaf_tokens, (leaf + 1) * leaf_tokens)))
         result = cache.insert(InsertParams(key=key, value=slots.alloc(leaf_tokens).long()))
-        if kind == "tagged":
+        if kind in ("tagged", "density"):
             node = cache.tree_core.node_by_id(result.last_device_node)
             age_s = rng.uniform(0.0, 900.0)
             strategy.tag(node, rng.choice(intents), rng.randrange(1, 9), now - age_s)

@@ -14,6 +14,8 @@ _STYLE = {
     "IAC": "C3-",
     "IAC size=request": "C2--",
     "IAC rolling": "C3:",
+    "density": "C4-",
+    "density + sharing rate": "C4:",
 }
 
 

@@ -1,5 +1,6 @@
 """The policy report: hit ratio against capacity for every block policy, and the forecast
-against simulated LRU, on the Mooncake synthetic trace and on generated intent-mixed workloads.
+against simulated LRU, on the Mooncake synthetic trace, the generated intent-mixed workload and
+the generated presets with shared prefixes (when ``kvcast.lab.workload`` has them).
 
 Hit ratios are reused input blocks / input blocks over the measured conversations (warm-up and
 cool-down 0.2 of first-turn times). The IAC table is learned from the first 0.2 of the
@@ -7,12 +8,15 @@ conversations (the warm-up, so learning and measuring never share a conversation
 comes from the statistics of the whole trace, as ``docs/validation.md`` does.
 
 ``python -m kvcast.lab.reports.policy_report [--quick] [--out docs]`` writes
-``policies.md`` tables to stdout and ``policies_*.png`` into ``--out``.
+``policies.md`` tables to stdout and ``policies_*.png`` into ``--out``; with ``--markdown
+FILE`` it also regenerates FILE's results between the ``<!-- policy-report -->`` markers (so
+``--out docs --markdown docs/policies.md`` regenerates the document in one command).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -43,7 +47,15 @@ POLICY_SET: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("IAC", "iac", {}),
     ("IAC size=request", "iac", {"size": "request"}),
     ("IAC rolling", "iac-rolling", {}),
+    ("density", "density", {}),
+    ("density + sharing rate", "density", {"shared": True}),
     ("TB+S", "tbs", {}),
+)
+# (label, policy) at conversation granularity (Algorithm 1's whole-content cache).
+CONVERSATION_SET: tuple[tuple[str, str], ...] = (
+    ("LRU", "lru"),
+    ("IAC", "iac"),
+    ("density", "density"),
 )
 
 
@@ -53,14 +65,7 @@ def mooncake_workload(path: Path | None = None, match: str = "hashable") -> Work
     with open(path, "rb") as fh:
         records = [(k, orjson.loads(line)) for k, line in enumerate(fh, 1) if line.strip()]
     events, summary = convert_mooncake(records, match=match)
-    trace = SimTrace.from_columns(
-        [e["session_id"] for e in events],
-        [e["turn"] for e in events],
-        [e["timestamp"] for e in events],
-        [e["input_tokens"] for e in events],
-        512,
-        block_hashes=[e["block_hashes"] for e in events],
-    )
+    trace = SimTrace.from_event_dicts(events, 512)
     desc = (
         f"Mooncake synthetic trace: {summary.records:,} requests, 512-token blocks, "
         f"{summary.conversations:,} conversations recovered (match={match}, "
@@ -78,10 +83,28 @@ def generated_workload(
     gen = generate(preset(name), lambda0=lambda0, conversations=conversations, seed=seed)
     desc = (
         f"generated `{name}` preset: {conversations:,} conversations at lambda0 = {lambda0}/s "
-        f"(seed {seed}), {len(gen):,} requests, 16-token blocks, one chain per conversation."
+        f"(seed {seed}), {len(gen):,} requests, 16-token blocks, "
+        + (
+            "one chain per conversation."
+            if gen.sim_trace().block_hashes is None
+            else "block ids shared across conversations (its shared prefixes)."
+        )
     )
     caps = (250, 500, 1000, 2000, 4000, 8000, 16000)
     return Workload(name, desc, list(gen.events()), gen.sim_trace(), 16, caps)
+
+
+def default_workloads(quick: bool = False) -> list[Workload]:
+    """Mooncake, the generated ``mixed`` workload and, where ``kvcast.lab.workload`` has
+    them, the presets with shared prefixes (smaller under ``quick``)."""
+    convs = 2000 if quick else 8000
+    out = [mooncake_workload(), generated_workload("mixed", conversations=convs)]
+    try:
+        from kvcast.lab.workload.presets import SHARING_PRESETS
+    except ImportError:  # an older tree: no shared-prefix presets
+        return out
+    names = SHARING_PRESETS[-1:] if quick else SHARING_PRESETS
+    return out + [generated_workload(name, conversations=convs // 2) for name in names]
 
 
 def run_policy_report(
@@ -89,24 +112,37 @@ def run_policy_report(
     policies: Sequence[tuple[str, str, dict[str, Any]]] = POLICY_SET,
     quick: bool = False,
     progress: Callable[[str], None] | None = None,
+    conversation_policies: Sequence[tuple[str, str]] = CONVERSATION_SET,
 ) -> Report:
     """Sweep every policy over every workload's capacities; forecast against LRU."""
     start = time.perf_counter()
     if workloads is None:
-        convs = 2000 if quick else 8000
-        workloads = [mooncake_workload(), generated_workload("mixed", conversations=convs)]
+        workloads = default_workloads(quick)
     report = Report()
     for wl in workloads:
         report.workloads[wl.name] = wl.description
         layout = block_layout(wl.trace)
         sample = sample_from_events(wl.events, wl.block_size)
+        everything = int(wl.trace.blocks.sum()) + 1
+        report.unlimited[wl.name] = simulate(
+            wl.trace, everything, "lru", "block", layout=layout
+        ).hit_ratio
         for n in wl.capacities:
             for label, policy, options in policies:
                 res = simulate(wl.trace, n, policy, "block", layout=layout, **options)
                 report.policies.append(PolicyRow(wl.name, n, label, res.hit_ratio, res.elapsed_s))
                 if progress is not None:
                     progress(f"{wl.name} N={n} {label}: {res.hit_ratio:.3f}")
-            conv = simulate(wl.trace, n, "lru", "conversation").hit_ratio
+            for label, policy in conversation_policies:
+                res = simulate(wl.trace, n, policy, "conversation")
+                report.policies.append(
+                    PolicyRow(wl.name, n, label, res.hit_ratio, res.elapsed_s, "conversation")
+                )
+            conv = (
+                report.hit(wl.name, n, "LRU", "conversation")
+                if any(label == "LRU" for label, _ in conversation_policies)
+                else simulate(wl.trace, n, "lru", "conversation").hit_ratio
+            )
             fc = forecast_from_sample(sample, n, wl.block_size)
             report.forecasts.append(
                 ForecastRow(
@@ -122,11 +158,29 @@ def run_policy_report(
     return report
 
 
+BEGIN, END = "<!-- policy-report:begin -->", "<!-- policy-report:end -->"
+
+
+def write_between_markers(path: Path, text: str) -> None:
+    """Replace what lies between :data:`BEGIN` and :data:`END` in ``path`` with ``text``."""
+    doc = path.read_text()
+    if BEGIN not in doc or END not in doc:
+        raise SystemExit(f"{path}: no {BEGIN} ... {END} markers to write the tables between")
+    head, rest = doc.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    path.write_text(f"{head}{BEGIN}\n{text.rstrip()}\n{END}{tail}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smaller generated workload")
     parser.add_argument("--out", default="docs", help="directory for the PNG figures")
     parser.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
+    parser.add_argument(
+        "--markdown",
+        metavar="FILE",
+        help="also write the tables into FILE between its policy-report markers",
+    )
     args = parser.parse_args(argv)
     tty = sys.stderr.isatty()
     report = run_policy_report(
@@ -136,6 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     if tty:
         print(file=sys.stderr)
     paths = plot_report(report, args.out)
+    if args.markdown:
+        target = Path(args.markdown)
+        figures = "\n\n".join(
+            f"![{p.stem.removeprefix('policies_')}]({os.path.relpath(p, target.parent)})"
+            for p in paths
+        )
+        write_between_markers(target, f"{figures}\n\n{report.to_markdown()}")
     if args.json:
         print(orjson.dumps(report.to_dict()).decode())
     else:

@@ -13,6 +13,16 @@ that request's chain (``-pos``: deeper first among equals), ``t_r`` that request
   is ``table=`` (a document or :class:`PriorityIndex`), else learned from the first
   ``learn_fraction`` of the trace (:func:`~kvcast.lab.sim.policy_tables.learn_table`).
 - ``iac-rolling``: the same, the table re-learned causally every ``refresh_s`` s of event time.
+- ``density``: ``(d(i, t, now - t_r) / size, t_r, r, -pos)``, ``d`` the hit density of
+  ``kvcast.stats.priority`` on its age grid (the client's :meth:`PriorityIndex.priority` with
+  ``policy="density"``, exactly), the horizon the table's ``characteristic_time_s``: the
+  forecast's ``T_C`` at the simulated capacity, learned with the table from the first
+  ``learn_fraction`` of the trace (or ``horizon_s=`` given). The key is recomputed whenever the
+  block's age enters an age bucket where its value changes (a flip time), so the heap orders
+  by the score at the time of each eviction, not an approximation of it. ``shared=True`` adds
+  to a block that other conversations reused the rate of those reuses (discounted over the
+  horizon; :func:`~kvcast.stats.priority.shared_rate`), re-valued as its age since the latest
+  of them crosses a bucket.
 - ``tbs``: the TB+S oracle: ``(1[next_use - now < threshold_s], size, -next_use, -pos, r)``,
   ``next_use`` the time of the block's next use (``inf``: none).
 
@@ -25,6 +35,7 @@ equal states orders exactly as ``lru``: the recency bit expires in order of last
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -34,9 +45,16 @@ from kvcast.lab.sim.block_cache import BlockCache, BlockLayout, Progress, Strate
 from kvcast.lab.sim.policy_tables import RollingTable, intent_labels, learn_table
 from kvcast.lab.sim.trace import SimTrace
 from kvcast.stats.config import StatsConfig
-from kvcast.stats.priority import PriorityIndex
+from kvcast.stats.priority import (
+    AGE_BUCKETS,
+    PriorityIndex,
+    age_bucket,
+    bucket_start,
+    shared_rate,
+)
 
 SIZES = ("block", "request")
+SHARED_MIN_USES = 2.0  # discounted foreign uses before a block counts as shared
 INF = float("inf")
 
 
@@ -106,6 +124,71 @@ class IAC(LRU):
         fresh = now - t_r < median
         key = (1 if fresh else 0, p, self.sizes[r], t_r, r, self.off[r] - occ)
         return key, (t_r + median if fresh else None)
+
+
+class Density(LRU):
+    """The ``density`` order over a fixed table (see the module doc)."""
+
+    def __init__(self, table: PriorityIndex, size: str = "block", shared: bool = False) -> None:
+        self.table = table
+        self.size_mode = size
+        self.shared = shared
+        self.horizon = table.horizon_s
+
+    def bind(self, sim: BlockCache) -> None:
+        super().bind(sim)
+        trace = sim.trace
+        self.times = trace.timestamp.tolist()
+        self.sizes = _sizes(trace, self.size_mode)
+        self.labels = intent_labels(trace)
+        self.turns = trace.turn.tolist()
+        self.curves: list[Any] = [None] * len(trace)
+        self.change: list[list[int]] = [[]] * len(trace)
+        size = sim.layout.num_nodes
+        # Per node: the conversation that used it last, its uses by another conversation than
+        # the one before (its sharing), discounted over the horizon, and the latest such use.
+        self.user = [-1] * size
+        self.other_uses = [0.0] * size
+        self.other_at = [0.0] * size
+        self.nodes = sim.layout.nodes.tolist()
+        self.offs = sim.layout.offsets.tolist()
+        self.conv = trace.conversation.tolist()
+
+    def begin(self, request: int, now: float) -> None:
+        if self.shared:
+            c, user, other, at = self.conv[request], self.user, self.other_uses, self.other_at
+            horizon, exp = self.horizon, math.exp
+            for nd in self.nodes[self.offs[request] : self.offs[request + 1]]:
+                was = user[nd]
+                if was >= 0 and was != c:
+                    other[nd] = other[nd] * exp((at[nd] - now) / horizon) + 1.0
+                    at[nd] = now
+                user[nd] = c
+        curve = self.table.curve(self.labels[request], self.turns[request])
+        self.curves[request] = curve.values
+        self.change[request] = curve.changes()
+
+    def entry(self, node: int, occ: int, now: float) -> tuple[tuple[Any, ...], float | None]:
+        r = self.req[occ]
+        t_r = self.times[r]
+        k = age_bucket(now - t_r)
+        value = self.curves[r][k]
+        nxt = self.change[r][k]
+        flip = t_r + _STARTS[nxt] if nxt < AGE_BUCKETS else None
+        n = self.other_uses[node]
+        if n >= SHARED_MIN_USES:
+            t0 = self.other_at[node]
+            j = age_bucket(now - t0)
+            value += shared_rate(n, now - t0, self.horizon)
+            if j + 1 < AGE_BUCKETS:
+                at = t0 + _STARTS[j + 1]
+                flip = at if flip is None or at < flip else flip
+        return (value / self.sizes[r], t_r, r, self.off[r] - occ), flip
+
+
+# Where each bucket's value takes over, nudged up so that rounding can never leave a block in
+# the bucket before at its flip time (a flip due at ``now`` again would loop).
+_STARTS = [bucket_start(k) * (1 + 1e-12) + 1e-9 for k in range(AGE_BUCKETS)]
 
 
 class TBS(LRU):
@@ -206,6 +289,33 @@ def iac_rolling_block(
     (``config``: the statistics settings: window, completion timeout, ...)."""
     rolling = RollingTable(trace, config, refresh_s)
     return _run(trace, capacity_blocks, IAC(rolling, size), layout, progress)
+
+
+def density_block(
+    trace: SimTrace,
+    capacity_blocks: int,
+    *,
+    table: dict[str, Any] | PriorityIndex | None = None,
+    learn_fraction: float = 0.2,
+    horizon_s: float | None = None,
+    shared: bool = False,
+    config: StatsConfig | None = None,
+    size: str = "block",
+    layout: BlockLayout | None = None,
+    progress: Progress | None = None,
+) -> NDArray[np.int64]:
+    """The ``density`` policy with ``table``, or with a table (and its ``T_C`` at
+    ``capacity_blocks``) learned from the first ``learn_fraction`` of the conversations;
+    ``horizon_s`` replaces the table's horizon (s). ``shared``: add the sharing rate of blocks
+    that other conversations reused (:func:`~kvcast.stats.priority.shared_rate`; an experiment
+    of the simulator, not in the engine adapters)."""
+    if table is None:
+        table = learn_table(trace, learn_fraction, config, capacity_blocks=capacity_blocks)
+    if horizon_s is not None:
+        doc = table.document if isinstance(table, PriorityIndex) else table
+        table = {**(doc or {"version": 1}), "characteristic_time_s": float(horizon_s)}
+    index = table if isinstance(table, PriorityIndex) else PriorityIndex(table)
+    return _run(trace, capacity_blocks, Density(index, size, shared), layout, progress)
 
 
 def tbs_block(

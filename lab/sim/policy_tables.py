@@ -24,6 +24,7 @@ from kvcast.lab.sim.measurement import first_times
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.engine import StatsEngine
 from kvcast.stats.events import Event
+from kvcast.stats.forecast import forecast_from_sample
 from kvcast.stats.priority import PriorityIndex, table_document
 
 if TYPE_CHECKING:
@@ -71,10 +72,13 @@ def learn_table(
     trace: SimTrace,
     fraction: float = 0.2,
     config: StatsConfig | None = None,
+    capacity_blocks: float | None = None,
 ) -> dict[str, Any]:
     """The table (SPEC section 5 document) learned from the history part of ``trace``.
 
     The window holds the whole history (``window_conversations`` is raised to its size).
+    With ``capacity_blocks``, the table carries ``characteristic_time_s``: the forecast's
+    ``T_C`` at that capacity from the history's statistics, as the daemon publishes it.
     """
     cfg = config or StatsConfig()
     mask = history_mask(trace, fraction)
@@ -85,7 +89,12 @@ def learn_table(
     for r in np.flatnonzero(mask).tolist():
         engine.apply(request_event(trace, r, labels[r], cfg.block_size), labels[r])
     engine.finish()
-    return table_document(engine.snapshot(), cfg, 1)
+    snapshot = engine.snapshot()
+    t_c = None
+    if capacity_blocks is not None and snapshot.window_conversations:
+        t_c = forecast_from_sample(snapshot.sample, capacity_blocks, cfg.block_size)
+        t_c = t_c.characteristic_time_s
+    return table_document(snapshot, cfg, 1, characteristic_time_s=t_c)
 
 
 def equal_table(p_continue: float = 0.5, median_reuse_s: float = 150.0) -> dict[str, Any]:

@@ -2,8 +2,9 @@
 
 A policy is a function ``(trace, capacity_blocks, **options) -> hit blocks per request`` (one
 int per request, in trace order), listed in :data:`POLICIES` under ``(name, granularity)``:
-whole-content LRU (Algorithm 1, ``kvcast.lab.sim.lru``) and the block-level prefix cache's
-policies (``kvcast.lab.sim.block_policies``). ``simulate`` runs one and measures the hit ratio
+whole-content LRU (Algorithm 1, ``kvcast.lab.sim.lru``), whole-content IAC and density
+(``kvcast.lab.sim.conversation_policies``) and the block-level prefix cache's policies
+(``kvcast.lab.sim.block_policies``). ``simulate`` runs one and measures the hit ratio
 over whole conversations (``kvcast.lab.sim.measurement``).
 """
 
@@ -16,7 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from kvcast.lab.sim import block_policies
+from kvcast.lab.sim import block_policies, conversation_policies
 from kvcast.lab.sim.lru import lru_conversation
 from kvcast.lab.sim.measurement import measured_requests
 from kvcast.lab.sim.trace import SimTrace
@@ -30,11 +31,14 @@ class Policy(Protocol):
 
 POLICIES: dict[tuple[str, str], Policy] = {
     ("lru", "conversation"): lru_conversation,
+    ("iac", "conversation"): conversation_policies.iac_conversation,
+    ("density", "conversation"): conversation_policies.density_conversation,
     ("lru", "block"): block_policies.lru_block,
     ("lfu", "block"): block_policies.lfu_block,
     ("gdsf", "block"): block_policies.gdsf_block,
     ("iac", "block"): block_policies.iac_block,
     ("iac-rolling", "block"): block_policies.iac_rolling_block,
+    ("density", "block"): block_policies.density_block,
     ("tbs", "block"): block_policies.tbs_block,
 }
 """(policy name, granularity) -> simulator returning hit blocks per request."""

@@ -156,3 +156,21 @@ def test_generate_text_summary_and_determinism(runner: CliRunner, tmp_path: Path
     assert a.read_bytes() == b.read_bytes()
     first = orjson.loads(a.read_bytes().splitlines()[0])
     assert "prompt" not in first and first["cached_tokens"] == 0
+
+
+@pytest.mark.parametrize("granularity", ["block", "conversation"])
+def test_simulate_density_is_the_librarys(
+    runner: CliRunner, tmp_path: Path, granularity: str
+) -> None:
+    gen = generate(preset("mixed"), lambda0=2, duration_s=600, seed=5)
+    out = tmp_path / "w.jsonl"
+    out.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in gen.events()))
+    args = ["simulate", str(out), "--policy", "density", "--capacity-blocks", "600",
+            "--granularity", granularity, "--json"]  # fmt: skip
+    for extra, options in (([], {}), (["--horizon-s", "900"], {"horizon_s": 900.0})):
+        res = runner.invoke(cli, args + extra)
+        assert res.exit_code == 0, res.output
+        got = orjson.loads(res.stdout)
+        lib = simulate(gen.sim_trace(), 600, "density", granularity, **options)
+        assert got["policy"] == "density" and got["hit_blocks"] == lib.hit_blocks
+        assert got["options"].get("horizon_s") == options.get("horizon_s")

@@ -148,6 +148,18 @@ def test_a_refresh_table_is_at_the_given_version_with_the_snapshot_states(
     assert compute_refresh(state, SETTINGS, table_version=8).table["version"] == 8
 
 
+def test_the_table_carries_the_forecasts_characteristic_time(state: WindowState) -> None:
+    """The density horizon: the table's T_C is the forecast's, to three significant digits
+    (so that a table is not republished for every wiggle of T_C)."""
+    refresh = compute_refresh(state, SETTINGS, table_version=7)
+    t_c = refresh.forecast["characteristic_time_s"]
+    assert t_c is not None and t_c > 0
+    assert refresh.table["characteristic_time_s"] == float(f"{t_c:.3g}")
+    assert refresh.table["characteristic_time_s"] == pytest.approx(t_c, rel=5e-3)
+    empty = compute_refresh(MemoryStore().load_window(STATS), SETTINGS, table_version=0)
+    assert empty.table["characteristic_time_s"] is None
+
+
 def test_a_refresh_of_an_empty_store_has_no_data_and_no_event_time() -> None:
     refresh = compute_refresh(MemoryStore().load_window(STATS), SETTINGS, table_version=0)
     forecast = refresh.forecast

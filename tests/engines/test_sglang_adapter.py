@@ -11,6 +11,7 @@ happens on cue.
 from __future__ import annotations
 
 import json
+import math
 import random
 from array import array
 from importlib.metadata import entry_points
@@ -341,3 +342,83 @@ def test_the_readmes_request_reaches_the_req_through_sglangs_openai_protocol() -
     params = request.to_sampling_params(stop=[], model_generation_config={})
     req = Req("r", "", array("q", [1, 2, 3]), SamplingParams(**params))
     assert request_state(req) == ("code_debugging", 3)
+
+
+# -- the density policy --------------------------------------------------------------------------
+
+DENSITY_TABLE = {
+    **TABLE,
+    "characteristic_time_s": 90.0,
+    "states": [
+        {**row, "mu": math.log(row["median_reuse_s"]), "sigma": sigma, "conversations": 100}
+        for row, sigma in zip(TABLE["states"], (0.5, 0.9, 1.6), strict=True)
+    ],
+}
+
+
+@pytest.fixture
+def density_engine(model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Engine:
+    path = tmp_path / "density-table.json"
+    path.write_text(json.dumps(DENSITY_TABLE))
+    monkeypatch.setenv("KVCAST_TABLE", str(path))
+    monkeypatch.setenv("KVCAST_POLICY", "density")
+    engine = build_engine(publish_server_args(model, "--radix-cache-backend", "kvcast"))
+    strategy(engine).clock = Clock()
+    return engine
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    plan=st.lists(
+        st.tuples(
+            st.integers(0, 7),
+            st.sampled_from(STATES),
+            st.integers(1, 40),
+            st.integers(1, 12),
+            st.floats(0.0, 300.0),
+        ),
+        min_size=2,
+        max_size=25,
+    ),
+    later_s=st.floats(0.0, 2000.0),
+)
+def test_density_every_eviction_takes_the_leaf_the_client_ranks_lowest(
+    density_engine: Engine, plan: list[Any], later_s: float
+) -> None:
+    """KVCAST_POLICY=density through SGLang's plugin loader and its own eviction: every leaf
+    that goes is the one with the lowest ``priority(..., policy="density")``."""
+    engine = density_engine
+    engine.cache.reset()
+    assert strategy(engine).policy == "density"
+    clock = strategy(engine).clock
+    index = PriorityIndex(DENSITY_TABLE)
+    released: dict[int, Any] = {}
+    histories: dict[int, list[int]] = {}
+    for conv, state, new_tokens, out_tokens, gap_s in plan:
+        clock.now += gap_s
+        base = 100_000 * (conv + 1) + len(histories.get(conv, [])) * 10
+        prompt = histories.get(conv, []) + [base + i for i in range(new_tokens)]
+        output = [base + 5000 + i for i in range(out_tokens)]
+        req, _ = serve(engine, prompt, output, state)
+        histories[conv] = prompt + output
+        for node in engine.paths[req.rid]:
+            released[id(node)] = (state, clock.now)
+    clock.now += later_s
+
+    def key(node: Any) -> Any:
+        last = released.get(id(node))
+        if last is None or last[0] is None:
+            return (-1, node.last_access_time)
+        (intent, turn), at = last
+        return (0, *index.priority(intent, turn, clock.now - at, len(node.key), policy="density"))
+
+    leaves = engine.cache.tree_core.evictable_device_leaves
+    while leaves:
+        before = set(leaves)
+        keys = {id(n): key(n) for n in before}
+        assert evict(engine, 1) > 0
+        gone = [n for n in before if n not in leaves]
+        assert len(gone) == 1
+        assert keys[id(gone[0])] == min(keys.values())

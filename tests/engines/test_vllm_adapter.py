@@ -392,3 +392,46 @@ def test_blocks_freed_before_the_table_loaded_move_once_it_lists_their_state() -
     Live.index = PriorityIndex(TABLE)  # chitchat: p 0.2, coding: p 0.9
     serve(manager, request("new", prompt(3, 4)))
     assert [cached_tokens(manager, p) for p in (first, second)] == [64, 0]
+
+
+# -- the density policy --------------------------------------------------------------------------
+
+DENSITY_TABLE = {
+    **TABLE,
+    "characteristic_time_s": 120.0,
+    "states": [
+        {**TABLE["states"][0], "mu": 3.912023005428146, "sigma": 0.5, "conversations": 200},
+        {**TABLE["states"][1], "mu": 6.214608098422191, "sigma": 1.5, "conversations": 200},
+    ],
+}
+
+
+def test_density_evicts_in_the_clients_density_order_in_vllms_own_pool() -> None:
+    """Through vLLM's KVCacheManager.free and BlockPool: the blocks that go are those the
+    client's ``priority(..., policy="density")`` ranks lowest, a request's tail first; and a
+    coding block long past its 50 s median goes before a fresh chit-chat one (IAC would keep
+    it first: P = 0.9)."""
+    from kvcast.exporters.adapters.request_state import FixedTable
+
+    clock = Clock()
+    index = PriorityIndex(DENSITY_TABLE)
+    manager = kv_cache_manager(13)  # 12 usable blocks
+    install(manager, FixedTable(index, "density"))._clock = clock
+    old_coding, chitchat, coding = prompt(1, 4), prompt(2, 4), prompt(3, 4)
+    serve(manager, request("a", old_coding, "coding"))
+    clock.now_s += 900.0
+    serve(manager, request("b", chitchat, "chitchat"))
+    clock.now_s += 5.0
+    serve(manager, request("c", coding, "coding"))
+    clock.now_s += 5.0
+    ages = {"a": 910.0, "b": 10.0, "c": 5.0}
+    states = {"a": "coding", "b": "chitchat", "c": "coding"}
+    keys = {k: index.priority(states[k], 1, ages[k], 1, policy="density") for k in ages}
+    order = sorted(ages, key=keys.__getitem__)
+    assert order[0] == "a"  # dead: 900 s past a 50 s median
+    serve(manager, request("new", prompt(4, 6)))  # 6 blocks: the lowest request, then 2 more
+    prompts = {"a": old_coding, "b": chitchat, "c": coding}
+    cached = {k: cached_tokens(manager, p) for k, p in prompts.items()}
+    assert cached[order[0]] == 0
+    assert cached[order[1]] == 32  # its tail's two blocks went, its head stays reachable
+    assert cached[order[2]] == 64

@@ -140,3 +140,47 @@ def test_request_state_reads_sglangs_custom_params(custom_params: Any, state: An
         sampling_params = Params()
 
     assert request_state(Req()) == state
+
+
+DENSITY_TABLE = {
+    **TABLE,
+    "characteristic_time_s": 120.0,
+    "states": [
+        {**TABLE["states"][0], "mu": 4.0943445622221, "sigma": 0.8, "conversations": 30},
+        {**TABLE["states"][1], "mu": 5.703782474656201, "sigma": 1.4, "conversations": 30},
+    ],
+}
+
+
+def test_density_strategy_ranks_by_the_clients_density_key() -> None:
+    """With a client ranking by density, a tagged node's key is the client's
+    ``priority(..., policy="density")`` (after the untagged nodes, which keep SGLang's LRU)."""
+    clock = Clock(1000.0)
+    live = Table(DENSITY_TABLE)
+    live.policy = "density"  # type: ignore[attr-defined]
+    strategy = IACStrategy(live, clock=clock)
+    root = Node(None, 0, 0.0)
+    nodes = {
+        ("coding", 1, 990.0): Node(root, 40, 0.0),
+        ("coding", 1, 100.0): Node(root, 40, 0.0),
+        ("chat", 1, 900.0): Node(root, 16, 0.0),
+        ("chat", 3, 400.0): Node(root, 8, 0.0),  # unlisted: the defaults' law
+    }
+    for (intent, turn, released), node in nodes.items():
+        strategy.tag(node, intent, turn, released_at=released)
+    plain = Node(root, 5, 999.0)
+    index = live.index
+    for (intent, turn, released), node in nodes.items():
+        want = index.priority(intent, turn, 1000.0 - released, len(node.key), policy="density")
+        assert strategy.get_priority(node) == (0, *want)
+    ranked = sorted([*nodes.values(), plain], key=strategy.get_priority)
+    assert ranked[0] is plain
+    want_order = sorted(
+        nodes, key=lambda k: index.priority(k[0], k[1], 1000.0 - k[2], len(nodes[k].key),
+                                            policy="density"))  # fmt: skip
+    assert ranked[1:] == [nodes[k] for k in want_order]
+    # A refreshed table revalues the tagged states at the next eviction.
+    live.index = PriorityIndex({**DENSITY_TABLE, "characteristic_time_s": 3000.0})
+    node = nodes[("coding", 1, 990.0)]
+    assert strategy.get_priority(node) == (
+        0, *live.index.priority("coding", 1, 10.0, 40, policy="density"))  # fmt: skip

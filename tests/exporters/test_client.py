@@ -194,3 +194,29 @@ def test_redis_key_matches_the_store(redis_url: str, redis_namespace: str) -> No
     assert client.priority("coding", 1, 10.0, 64) == (0, 0.9, 64)
     client.close()
     store.close()
+
+
+def test_the_clients_policy_is_what_priority_and_rank_use(tmp_path: Path) -> None:
+    table_file = tmp_path / "table.json"
+    table_file.write_text(json.dumps({**doc(2), "characteristic_time_s": 240.0}))
+    iac = TableClient(str(table_file), refresh_s=60)
+    density = TableClient(str(table_file), refresh_s=60, policy="density")
+    for client in (iac, density):
+        client.refresh()
+    assert density.index.horizon_s == 240.0
+    nodes = [("coding", 1, 10.0, 64), ("coding", 1, 5000.0, 64), ("chat", 2, 30.0, 16)]
+    for intent, turn, age, size in nodes:
+        assert iac.priority(intent, turn, age, size) == iac.index.priority(intent, turn, age, size)
+        assert density.priority(intent, turn, age, size) == density.index.priority(
+            intent, turn, age, size, policy="density"
+        )
+        assert iac.priority(intent, turn, age, size, policy="density") == density.priority(
+            intent, turn, age, size
+        )
+    keys = [density.priority(*node) for node in nodes]
+    assert density.rank(nodes) == iac.rank(nodes, policy="density")
+    assert density.rank(nodes) == sorted(range(3), key=keys.__getitem__)
+    assert density.rank(nodes)[0] == 1  # the block 5,000 s past a 60 s median goes first
+    assert iac.rank(nodes) == density.rank(nodes, policy="iac")
+    with pytest.raises(ValueError, match="policy"):
+        TableClient(str(table_file), policy="lru")

@@ -1,4 +1,4 @@
-"""The policy report on a small generated workload: table, rows and figures."""
+"""The policy report on a small generated workload: table, rows, targets, markers, figures."""
 
 from __future__ import annotations
 
@@ -8,22 +8,79 @@ from pathlib import Path
 import pytest
 
 from kvcast.lab.reports.policy_plot import plot_report
-from kvcast.lab.reports.policy_report import generated_workload, run_policy_report
+from kvcast.lab.reports.policy_report import (
+    BEGIN,
+    END,
+    generated_workload,
+    run_policy_report,
+    write_between_markers,
+)
+from kvcast.lab.reports.policy_results import PolicyRow, Report, gap_closed
 
 
 def test_small_report_table_rows_and_plot(tmp_path: Path) -> None:
     wl = replace(
         generated_workload("mixed", lambda0=1.0, conversations=200, seed=1), capacities=(50, 400)
     )
-    policies = (("LRU", "lru", {}), ("IAC", "iac", {}), ("TB+S", "tbs", {}))
-    report = run_policy_report([wl], policies)
+    policies = (("LRU", "lru", {}), ("IAC", "iac", {}), ("density", "density", {}),
+                ("TB+S", "tbs", {}))  # fmt: skip
+    report = run_policy_report([wl], policies, conversation_policies=(("LRU", "lru"),))
     rows = report.rows()
-    assert len(rows) == 6 and {r["policy"] for r in rows} == {"LRU", "IAC", "TB+S"}
+    block = [r for r in rows if r["granularity"] == "block"]
+    assert len(block) == 8 and {r["policy"] for r in block} == {"LRU", "IAC", "density", "TB+S"}
+    assert [r["policy"] for r in rows if r["granularity"] == "conversation"] == ["LRU", "LRU"]
     for n in (50, 400):
         assert report.hit(wl.name, n, "TB+S") >= report.hit(wl.name, n, "LRU")
+        assert report.hit(wl.name, n, "TB+S") <= report.unlimited[wl.name] + 1e-12
     md = report.to_markdown()
-    assert "| N (blocks) | LRU | IAC | TB+S | IAC vs LRU |" in md and "forecast" in md
+    assert (
+        "| N (blocks) | LRU | IAC | density | TB+S | IAC vs LRU | density vs LRU | "
+        "gap closed: IAC | gap closed: density |" in md
+    )
+    assert "forecast" in md and "Conversation level" in md and "### Targets (issue 21)" in md
     assert len(report.forecasts) == 2 and report.forecasts[0].forecast is not None
+    # The forecast rows reuse the conversation-level LRU the sweep ran.
+    assert report.forecasts[0].lru_conversation == report.hit(wl.name, 50, "LRU", "conversation")
     pytest.importorskip("matplotlib")
     paths = plot_report(report, tmp_path)
     assert [p.name for p in paths] == ["policies_mixed.png"] and paths[0].stat().st_size > 0
+
+
+def test_gap_closed_and_targets() -> None:
+    assert gap_closed(0.3, 0.2, 0.5) == pytest.approx(1 / 3)
+    assert gap_closed(0.1, 0.2, 0.5) == pytest.approx(-1 / 3)
+    assert gap_closed(0.5, 0.5, 0.5) is None
+    report = Report(workloads={"w": ""}, unlimited={"w": 0.8})
+    for n, lru, iac, dens, tbs in ((100, 0.1, 0.2, 0.15, 0.4), (1000, 0.6, 0.5, 0.598, 0.7)):
+        for label, value in (("LRU", lru), ("IAC", iac), ("density", dens), ("TB+S", tbs)):
+            report.policies.append(PolicyRow("w", n, label, value, 0.0))
+    got = {(t["capacity_blocks"], t["target"]): t["met"] for t in report.targets()}
+    assert got == {
+        (100, "density/LRU >= 0.995"): True,
+        (100, "density >= IAC"): False,  # IAC beats LRU there, density does not beat IAC
+        (100, "density closes >= 1/3 of the LRU-to-TB+S gap"): False,  # 17% < 33%
+        (1000, "density/LRU >= 0.995"): True,  # 0.9967: within the noise allowance
+    }  # no gap target at 1,000: LRU holds more than half of the unlimited cache's 0.8
+    assert "missed at w N=100 (-0.050)" in report.to_markdown()
+
+
+def test_tables_go_between_the_markers(tmp_path: Path) -> None:
+    doc = tmp_path / "policies.md"
+    doc.write_text(f"# Title\n\nintro\n\n{BEGIN}\nold tables\n{END}\n\nreading\n")
+    write_between_markers(doc, "| new |\n")
+    assert doc.read_text() == f"# Title\n\nintro\n\n{BEGIN}\n| new |\n{END}\n\nreading\n"
+    doc.write_text("no markers")
+    with pytest.raises(SystemExit, match="markers"):
+        write_between_markers(doc, "x")
+
+
+def test_json_round_trip_and_bench_rows() -> None:
+    report = Report(workloads={"w": "a workload"}, unlimited={"w": 0.8})
+    for label, value in (("LRU", 0.2), ("IAC", 0.25), ("density", 0.3), ("TB+S", 0.5)):
+        report.policies.append(PolicyRow("w", 100, label, value, 0.1))
+    again = Report.from_dict(report.to_dict())
+    assert again.to_markdown() == report.to_markdown()
+    assert report.bench_rows() == [
+        ("policies: density, w N=100", "0.300", "0.200 (LRU), 0.250 (IAC), 0.500 (TB+S)",
+         "1.500x LRU")
+    ]  # fmt: skip

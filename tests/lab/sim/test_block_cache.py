@@ -15,7 +15,7 @@ from kvcast.lab.sim.trace import SimTrace
 from kvcast.lab.workload.generator import generate
 from kvcast.lab.workload.presets import preset
 
-BLOCK_POLICIES = ("lru", "lfu", "gdsf", "iac", "iac-rolling", "tbs")
+BLOCK_POLICIES = ("lru", "lfu", "gdsf", "iac", "iac-rolling", "density", "tbs")
 
 
 def _synth(convs: list[int], blocks: list[int], times: list[float]) -> SimTrace:

@@ -1,0 +1,152 @@
+"""kvcast's vLLM free queue under the ``density`` policy, on the block fields vLLM's
+``KVCacheBlock`` gives it (vLLM's own classes drive it in tests/engines): it takes blocks in the
+order of the client's ``priority(..., policy="density")``, untagged blocks first, and keeps a
+request's blocks in the order vLLM freed them."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvcast.exporters.adapters.request_state import FixedTable
+from kvcast.exporters.adapters.vllm_queue import IACFreeBlockQueue
+from kvcast.stats.priority import PriorityIndex
+
+
+class Block:
+    __slots__ = ("block_id", "next_free_block", "prev_free_block")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.prev_free_block: Block | None = None
+        self.next_free_block: Block | None = None
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Table:
+    """A client stand-in whose index can be swapped (a refresh)."""
+
+    policy = "density"
+
+    def __init__(self, index: PriorityIndex) -> None:
+        self.index = index
+
+
+def table(seed: int, horizon_s: float = 90.0) -> PriorityIndex:
+    rng = random.Random(seed)
+    rows = []
+    for intent in ("code", "chat", "plan"):
+        for turn in (1, 2, 3):
+            median = math.exp(rng.uniform(1.0, 6.5))
+            rows.append(
+                {"intent": intent, "turn": turn, "p_continue": rng.random(),
+                 "median_reuse_s": median, "mu": math.log(median),
+                 "sigma": rng.uniform(0.3, 2.0), "conversations": rng.randint(1, 500),
+                 "delay_samples": 10}
+            )  # fmt: skip
+    return PriorityIndex({"version": seed, "characteristic_time_s": horizon_s, "states": rows})
+
+
+STATES = [(i, t) for i in ("code", "chat", "plan", "unlisted") for t in (1, 2, 3, 7)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.lists(st.integers(0, 99), min_size=10, max_size=150))
+def test_pops_follow_the_clients_density_order(seed: int, script: list[int]) -> None:
+    rng = random.Random(seed)
+    clock = Clock()
+    live = Table(table(seed))
+    blocks = [Block(i) for i in range(1200)]
+    queue = IACFreeBlockQueue([], table=live, clock=clock)
+    queue.reserve(len(blocks))
+    freed: dict[int, tuple[tuple[str, int], float]] = {}  # tagged block id -> (state, freed at)
+    untagged: set[int] = set()
+    fresh = iter(blocks)
+    for step in script:
+        clock.now += rng.expovariate(1 / 30)
+        if step < 45:  # free a request, tail first as vLLM does, mostly tagged
+            request = [next(fresh) for _ in range(rng.randint(1, 6))]
+            if step < 40:
+                state = rng.choice(STATES)
+                with queue.tagging(*state):
+                    queue.append_n(list(reversed(request)))
+                freed.update((b.block_id, (state, clock.now)) for b in request)
+            else:
+                queue.append_n(list(reversed(request)))
+                untagged.update(b.block_id for b in request)
+        elif step < 60 and freed:  # a cache hit takes a block out of the middle
+            victim = blocks[rng.choice(sorted(freed))]
+            queue.remove(victim)
+            del freed[victim.block_id]
+        elif step < 63:  # a refreshed table revalues every state
+            live.index = table(seed + step, horizon_s=rng.choice((60.0, 600.0)))
+        elif queue.num_free_blocks:
+            order = queue.get_all_free_blocks()
+            n = min(queue.num_free_blocks, rng.randint(1, 8))
+            got = queue.popleft_n(n)
+            assert got == order[:n]
+            index = live.index
+            keys = [
+                index.priority(*freed[b.block_id][0], clock.now - freed[b.block_id][1], 1,
+                               policy="density")
+                for b in order if b.block_id in freed
+            ]  # fmt: skip
+            assert keys == sorted(keys)  # lowest density first, ties oldest first
+            ahead = [b.block_id in untagged for b in order]
+            assert ahead == sorted(ahead, reverse=True)  # untagged blocks go first
+            for b in got:
+                freed.pop(b.block_id, None)
+                untagged.discard(b.block_id)
+        assert queue.num_free_blocks == len(freed) + len(untagged)
+
+
+def test_a_request_leaves_in_the_order_vllm_freed_it() -> None:
+    clock = Clock()
+    index = table(1)
+    queue = IACFreeBlockQueue([], table=FixedTable(index, "density"), clock=clock)
+    old = [Block(i) for i in range(4)]
+    new = [Block(i) for i in range(4, 8)]
+    queue.reserve(8)
+    with queue.tagging("chat", 1):
+        queue.append_n(list(reversed(old)))  # a chain, freed tail first
+    clock.now = 50.0
+    with queue.tagging("chat", 1):
+        queue.append_n(list(reversed(new)))
+    clock.now = 80.0
+    first, second = sorted(
+        [old, new], key=lambda req: index.priority("chat", 1, clock.now - (0.0 if req is old
+                                                   else 50.0), 1, policy="density"))  # fmt: skip
+    assert queue.popleft_n(8) == list(reversed(first)) + list(reversed(second))
+
+
+def test_iac_queue_is_unchanged_by_the_density_code() -> None:
+    """A bare index (no policy) ranks by IAC: past the median first."""
+    clock = Clock()
+    index = PriorityIndex({"version": 1, "states": [
+        {"intent": "a", "turn": 1, "p_continue": 0.9, "median_reuse_s": 10.0},
+        {"intent": "b", "turn": 1, "p_continue": 0.1, "median_reuse_s": 1000.0}]})  # fmt: skip
+    queue = IACFreeBlockQueue([], table=index, clock=clock)
+    a, b = Block(0), Block(1)
+    queue.reserve(2)
+    with queue.tagging("b", 1):
+        queue.append_n([b])
+    with queue.tagging("a", 1):
+        queue.append_n([a])
+    clock.now = 20.0
+    assert queue.popleft_n(2) == [a, b]  # a is past its median, b is not
+
+
+def test_unknown_policy_is_refused() -> None:
+    with pytest.raises(ValueError, match="policy"):
+        FixedTable(PriorityIndex(None), "lru")
