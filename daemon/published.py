@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from kvcast.daemon.shadow_feed import with_forecast_error
 from kvcast.exporters.view import MetricsView
 from kvcast.stats.partition import PartitionDelta
 
@@ -58,6 +59,7 @@ class Published:
         self._refresh_seconds = 0.0
         self._events_per_s: float | None = None
         self._history: deque[dict[str, float | None]] = deque(maxlen=HISTORY_POINTS)
+        self._shadow: dict[str, Any] | None = None  # the shadow simulation's latest document
 
     # -- written by the refresher ------------------------------------------------------------
 
@@ -70,6 +72,8 @@ class Published:
     ) -> None:
         """A refresh's results; ``table`` None when the published table did not change."""
         with self._lock:
+            if self._shadow is not None:  # beside the forecast, with its error against it
+                forecast = {**forecast, "shadow": with_forecast_error(self._shadow, forecast)}
             self._forecast = forecast
             if table is not None:
                 self._table = table
@@ -96,6 +100,12 @@ class Published:
     def committed(self, partition: str, delta: PartitionDelta) -> None:
         with self._lock:
             self._commits += 1
+
+    def set_shadow(self, document: dict[str, Any]) -> None:
+        """The shadow simulation's curve (``kvcast.daemon.shadow_feed``), published with the
+        next refresh."""
+        with self._lock:
+            self._shadow = document
 
     def set_lag(self, lag: int | None) -> None:
         with self._lock:

@@ -22,8 +22,10 @@ import orjson
 
 from kvcast.daemon.published import format_status
 from kvcast.daemon.publisher import Publisher
+from kvcast.daemon.refresh import capacity_grid
 from kvcast.daemon.rejection_log import RejectionLog
 from kvcast.daemon.settings import DaemonSettings
+from kvcast.daemon.shadow_feed import ShadowFeed
 from kvcast.daemon.sources.base import EventSource, Record
 from kvcast.daemon.stores import StaleOwner, StateStore, StoreUnavailable
 from kvcast.exporters.dead_letter import DeadLetterSink, DeadLetterUnavailable
@@ -80,6 +82,11 @@ class Daemon:
         self._dead_letter_down = False
         if dead_letter is not None:
             self.published.set_component("dead_letter", "ok")
+        # The shadow simulation runs where the forecast is published (daemon/shadow_feed.py).
+        self.shadow: ShadowFeed | None = None
+        if settings.shadow_sampling > 0 and self.published.publishing:
+            self.shadow = ShadowFeed(settings, capacity_grid(settings.capacity_blocks))
+        self._shadow_due = clock()
         source.set_listener(self)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -130,6 +137,9 @@ class Daemon:
         if due or self._uncommitted() >= self.settings.commit_max_events:
             self._queue_all()
         self._flush_queue()
+        if self.shadow is not None and self._clock() >= self._shadow_due:
+            self._shadow_due = self._clock() + self.settings.refresh_interval_s
+            self.published.set_shadow(self.shadow.document())
 
     def _drain(self) -> int:
         """Queue and store everything applied; give up after ``shutdown_timeout_s``."""
@@ -222,11 +232,17 @@ class Daemon:
         """Ingest a poll's records (valid ones labelled together: one classifier batch)."""
         engines = self._engines
         items: list[tuple[IngestTarget, int, bytes]] = []
+        shadowed: dict[str, IngestTarget] = {}
         for record in records:
             engine = engines.get(record.partition)
             if engine is None or record.offset <= engine.offset:
                 continue  # not ours (any more), or already applied before a restart
-            items.append((engine, record.offset, record.value))
+            target: IngestTarget = engine
+            if self.shadow is not None:  # the shadow sees what the engine accepts
+                target = shadowed.get(record.partition) or shadowed.setdefault(
+                    record.partition, self.shadow.target(engine)
+                )
+            items.append((target, record.offset, record.value))
         self.events_seen += len(items)
         if items:
             now_s = time.time()  # the ``future`` bound counts from the clock of this poll

@@ -6,7 +6,8 @@ metric families when Prometheus scrapes, so business code never calls a metrics 
 cardinality is bounded:
 ``intent`` by the taxonomy (and ``--taxonomy-file``; any other is ``unknown``), ``turn`` by
 ``max_turn`` (32), ``reason`` by the fixed rejection reasons, ``target`` by configuration,
-``engine`` and ``model`` by the ``--engine-metrics`` endpoints and the models they serve.
+``engine`` and ``model`` by the ``--engine-metrics`` endpoints and the models they serve,
+``capacity_blocks`` by the published curve (17 points).
 """
 
 from __future__ import annotations
@@ -50,6 +51,21 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "gauge",
         "Prefix-cache hit ratio an engine reports, over its last scrapes (0-1).",
         ("engine", "model"),
+    ),
+    "kvcast_hit_ratio_simulated": (
+        "gauge",
+        "Hit ratio of the sampled shadow LRU simulation of the stream, by capacity (0-1).",
+        ("capacity_blocks",),
+    ),
+    "kvcast_forecast_error": (
+        "gauge",
+        "Forecast hit ratio minus the shadow simulation's at the configured capacity (ratio).",
+        (),
+    ),
+    "kvcast_shadow_sampling_ratio": (
+        "gauge",
+        "Fraction of KV blocks the shadow simulation keeps (--shadow-sampling, 0-1).",
+        (),
     ),
     "kvcast_characteristic_time_seconds": ("gauge", "LRU characteristic time T_C (seconds).", ()),
     "kvcast_conversation_arrival_rate": (
@@ -185,6 +201,7 @@ class KvcastCollector(Collector):
                 families["kvcast_required_capacity_blocks"].add_metric(
                     [f"{required['target']:g}"], float(required["blocks"])
                 )
+        self._shadow(forecast.get("shadow"), families)
         table = view.table
         if table is not None:
             families["kvcast_table_version"].add_metric([], float(table["version"]))
@@ -218,6 +235,19 @@ class KvcastCollector(Collector):
                 [operation], buckets=_buckets(latency), sum_value=latency["sum"]
             )
         yield from families.values()
+
+    @staticmethod
+    def _shadow(shadow: dict[str, Any] | None, families: dict[str, Any]) -> None:
+        if not shadow:
+            return
+        families["kvcast_shadow_sampling_ratio"].add_metric([], float(shadow["sampling_ratio"]))
+        for point in shadow["curve"]:
+            if point["hit_ratio"] is not None:  # capacities label as whole blocks
+                families["kvcast_hit_ratio_simulated"].add_metric(
+                    [f"{point['capacity_blocks']:.0f}"], float(point["hit_ratio"])
+                )
+        if shadow.get("forecast_error") is not None:
+            families["kvcast_forecast_error"].add_metric([], float(shadow["forecast_error"]))
 
     @staticmethod
     def _classifier(classifier: dict[str, Any] | None, families: dict[str, Any]) -> None:

@@ -135,7 +135,7 @@ def shared_prefix_events(
     import random
 
     rng = random.Random(seed)
-    weights = [2.0 ** -k for k in range(prompts)]
+    weights = [2.0**-k for k in range(prompts)]
     branch_points: list[list[int]] = []  # every request's full blocks so far
     events = []
     start = 0.0

@@ -18,11 +18,12 @@ from kvcast.lab.reports.validation import ValidationGrid, measure_speed, run_val
 
 SUITES = (
     "throughput", "solver", "client", "tap", "classifier", "policies", "validation", "daemon",
-    "engines",
+    "engines", "shadow", "sharing",
 )  # fmt: skip
 # "classifier" loads the model, "policies" and "validation" take minutes, "daemon" needs a
-# broker and a Redis and "engines" the engines' venvs (scripts/engine_venv.sh): ask for them
-# by name.
+# broker and a Redis and "engines" the engines' venvs (scripts/engine_venv.sh), "shadow" runs
+# the exact block simulator over 10^6 requests at 17 capacities (minutes), "sharing" validates
+# the forecast with shared blocks against block-level LRU (minutes): ask for them by name.
 DEFAULT_SUITES = ("throughput", "solver", "client")
 
 
@@ -63,7 +64,22 @@ def _markdown(rows: list[tuple[str, str, str, str]]) -> str:
     help="Redis for the daemon suite.",
 )
 @click.option(
-    "--quick", is_flag=True, help="Validation and policies suites: the small grids of the tests."
+    "--quick",
+    is_flag=True,
+    help="Validation and policies suites: the small grids of the tests; shadow: 50,000 requests.",
+)
+@click.option(
+    "--shadow-requests",
+    type=Ints(min=1000),
+    default=1_000_000,
+    show_default=True,
+    help="Requests in the shadow suite's workload.",
+)
+@click.option(
+    "--shadow-exact-requests",
+    type=Ints(min=1000),
+    default=None,
+    help="Shadow suite: measure the error on this many first requests (default: all).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object of figures.")
 def bench(
@@ -72,6 +88,8 @@ def bench(
     kafka: str,
     redis_url: str,
     quick: bool,
+    shadow_requests: int,
+    shadow_exact_requests: int | None,
     as_json: bool,
 ) -> None:
     """Run the benchmark suites; print a Markdown table (the README's) or JSON."""
@@ -125,7 +143,7 @@ def bench(
 
         policies = run_policy_report(quick=quick, progress=lambda line: click.echo(line, err=True))
         results["policies"] = policies.to_dict()
-        rows += policies.rows()
+        rows += policies.bench_rows()
         if not as_json:
             click.echo(policies.to_markdown())
     if "validation" in chosen:
@@ -135,6 +153,24 @@ def bench(
         rows += report.rows()
         if not as_json:
             click.echo(report.to_markdown())
+    if "sharing" in chosen:
+        from kvcast.lab.reports.sharing_validation import SharingGrid, run_sharing_validation
+
+        sharing = run_sharing_validation(
+            SharingGrid.quick() if quick else SharingGrid(),
+            progress=lambda line: click.echo(line, err=True),
+        )
+        results["sharing"] = sharing.to_dict()
+        if not as_json:
+            click.echo(sharing.to_markdown())
+    if "shadow" in chosen:
+        from kvcast.lab.bench.shadow_bench import run_shadow_bench
+
+        shadow = run_shadow_bench(
+            requests=50_000 if quick else shadow_requests, exact_requests=shadow_exact_requests
+        )
+        results["shadow"] = shadow.to_dict()
+        rows += shadow.rows()
     if "daemon" in chosen:
         from kvcast.lab.bench.daemon_bench import run_daemon_bench
 

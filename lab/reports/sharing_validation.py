@@ -205,14 +205,7 @@ def evaluate_mooncake(path: str, grid: SharingGrid) -> list[SharingPoint]:
         records = [(line, json.loads(raw)) for line, raw in enumerate(handle, 1) if raw.strip()]
     events, _ = convert_mooncake(records, match="hashable")
     sample = sample_from_events(events, MOONCAKE_BLOCK_SIZE)
-    trace = SimTrace.from_columns(
-        [e["session_id"] for e in events],
-        [e["turn"] for e in events],
-        [e["timestamp"] for e in events],
-        [e["input_tokens"] for e in events],
-        MOONCAKE_BLOCK_SIZE,
-        block_hashes=[e["block_hashes"] for e in events],
-    )
+    trace = SimTrace.from_event_dicts(events, MOONCAKE_BLOCK_SIZE)
     points = _points(
         "mooncake synthetic", events, sample, trace, grid.mooncake_capacities, MOONCAKE_BLOCK_SIZE
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -26,6 +27,19 @@ class SimTrace:
 
     def __len__(self) -> int:
         return int(self.blocks.size)
+
+    @classmethod
+    def from_event_dicts(cls, events: Sequence[dict[str, Any]], block_size: int = 16) -> SimTrace:
+        """Build from contract event dicts (SPEC section 2), ``block_hashes`` where given."""
+        hashes = [e.get("block_hashes") for e in events]
+        return cls.from_columns(
+            [e["session_id"] for e in events],
+            [e["turn"] for e in events],
+            [e["timestamp"] for e in events],
+            [e["input_tokens"] for e in events],
+            block_size,
+            block_hashes=hashes if any(h is not None for h in hashes) else None,
+        )
 
     @classmethod
     def from_columns(

@@ -62,11 +62,22 @@ def operations() -> dict[str, Any]:
 
 
 class State:
+    def __init__(self, shadow: bool = False) -> None:
+        self.shadow = shadow
+
     def operations_document(self) -> dict[str, Any]:
         return operations()
 
     def forecast_document(self) -> dict[str, Any]:
-        return forecast()
+        doc = forecast()
+        if self.shadow:  # the sampled LRU simulation's curve, a little below the forecast
+            curve = [{"capacity_blocks": p["capacity_blocks"], "hit_ratio": p["hit_ratio"] - 0.02}
+                     for p in doc["curve"]]  # fmt: skip
+            curve[0]["hit_ratio"] = None  # nothing measured there yet
+            doc["shadow"] = {"hit_ratio": doc["hit_ratio"] - 0.02, "forecast_error": 0.02,
+                             "curve": curve, "sampling_ratio": 0.05, "kept_accesses": 123_456,
+                             "capacity_blocks": CAPACITY}  # fmt: skip
+        return doc
 
     def table_document(self) -> dict[str, Any]:
         return table()
@@ -126,6 +137,30 @@ def chromium(url: str, tmp: Path, *args: str) -> subprocess.CompletedProcess[str
 
 def near(pixel: tuple[int, ...], color: tuple[int, int, int], tolerance: int = 3) -> bool:
     return all(abs(a - b) <= tolerance for a, b in zip(pixel[:3], color, strict=True))
+
+
+@pytest.mark.integration
+def test_chromium_draws_the_shadow_curve_and_its_figures(tmp_path: Path) -> None:
+    server = HttpServer("127.0.0.1", 0, State(shadow=True), CollectorRegistry())
+    server.start()
+    try:
+        texts = chromium(server.url + "/", tmp_path, "--dump-dom").stdout
+    finally:
+        server.close()
+    dom = Elements()
+    dom.feed(texts)
+    assert dom.by_id("shadow-line")["d"].count("L") == 15  # 16 measured points
+    assert dom.by_id("shadow-line")["stroke"] == "#2e7d32"
+    assert ">27.2% (forecast − shadow +2.0%)<" in texts
+    assert ">5.0% of blocks, 123,456 accesses<" in texts
+
+
+@pytest.mark.integration
+def test_chromium_draws_no_shadow_without_one(server: HttpServer, tmp_path: Path) -> None:
+    dom = Elements()
+    dom.feed(chromium(server.url + "/", tmp_path, "--dump-dom").stdout)
+    assert dom.by_id("curve-line")  # the page drew the curve ...
+    assert not any(attrs.get("id") == "shadow-line" for _tag, attrs in dom.found)  # ... alone
 
 
 @pytest.mark.integration

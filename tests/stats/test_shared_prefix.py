@@ -236,14 +236,7 @@ def test_a_checkpoint_from_before_shared_prefixes_still_reads() -> None:
 
 
 def block_lru(events: list[dict], capacity: int, block_size: int = 16) -> float:
-    trace = SimTrace.from_columns(
-        [e["session_id"] for e in events],
-        [e["turn"] for e in events],
-        [e["timestamp"] for e in events],
-        [e["input_tokens"] for e in events],
-        block_size,
-        block_hashes=[e["block_hashes"] for e in events],
-    )
+    trace = SimTrace.from_event_dicts(events, block_size)
     return simulate(trace, capacity, "lru", "block", 0.0, 0.0).hit_ratio
 
 
