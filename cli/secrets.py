@@ -33,7 +33,8 @@ def read_secret(path: Path, what: str) -> str:
 def with_password(url: str, password: str) -> str:
     """``url`` with ``password`` as its user-info password; ValueError if it has one already."""
     parts = urlsplit(url)
-    if parts.scheme not in ("redis", "rediss"):
+    if parts.scheme not in ("redis", "rediss", "redis+cluster", "rediss+cluster",
+                            "redis+sentinel", "rediss+sentinel"):  # fmt: skip
         raise ValueError(f"store {redact_url(url)!r}: a password file needs a redis:// store")
     if parts.password is not None or "password=" in parts.query.lower():
         raise ValueError(

@@ -13,10 +13,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 from kvcast.producer.kafka import kafka_topic_of
 from kvcast.stats.config import StatsConfig
+from kvcast.stats.shadow import DEFAULT_SAMPLING
 from kvcast.stats.taxonomy import label_map
 
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-STORE_SCHEMES = ("memory", "redis", "rediss")
+STORE_SCHEMES = ("memory", "redis", "rediss", "redis+cluster", "rediss+cluster", "redis+sentinel",
+                 "rediss+sentinel")  # fmt: skip
 SOURCE_SCHEMES = ("kafka", "file")
 MAX_WORKERS = 64
 
@@ -74,6 +76,8 @@ class DaemonSettings:
     # Rejected records' bytes to this Kafka topic (same brokers as the source), or to
     # kafka://HOST:PORT/TOPIC; None: none.
     dead_letter_topic: str | None = None
+    # Fraction of KV blocks the shadow LRU simulation keeps (kvcast.stats.shadow); 0: off.
+    shadow_sampling: float = DEFAULT_SAMPLING
     stats: StatsConfig = field(default_factory=StatsConfig)
 
     def __post_init__(self) -> None:
@@ -89,7 +93,10 @@ class DaemonSettings:
             if not parts.netloc or not parts.path.strip("/"):
                 problems.append(f"source {self.source!r}: expected kafka://HOST:PORT/TOPIC")
         if urlsplit(self.store).scheme not in STORE_SCHEMES:
-            problems.append(f"store {self.store!r}: expected memory://, redis:// or rediss://")
+            problems.append(
+                f"store {redact_url(self.store)!r}: expected memory://, redis:// or rediss://"
+                " (or redis+cluster://, redis+sentinel://; rediss+... for TLS)"
+            )
         if not _NAMESPACE.match(self.namespace):
             problems.append(f"namespace {self.namespace!r}: use 1-64 of A-Z a-z 0-9 _ . -")
         if not self.group_id:
@@ -142,6 +149,8 @@ class DaemonSettings:
                 problems.append(f"engine_metrics {url!r}: expected http://HOST:PORT/metrics")
         if self.classifier not in ("off", "auto", "on"):
             problems.append(f"classifier {self.classifier!r}: expected off, auto or on")
+        if not 0 <= self.shadow_sampling <= 1:
+            problems.append(f"shadow_sampling must be within 0..1, got {self.shadow_sampling}")
         if not self.classifier_budget_s > 0:
             problems.append(f"classifier_budget_s must be > 0, got {self.classifier_budget_s}")
         protocols = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
@@ -225,10 +234,9 @@ def redact_url(url: str) -> str:
     if parts.query:
         query = re.sub(r"(^|&)(password=)[^&]*", r"\1\2***", parts.query, flags=re.IGNORECASE)
         parts = parts._replace(query=query)
-    if parts.password is not None:
+    if parts.password is not None:  # the hosts as written: a cluster URL names several
         user = parts.username or ""
-        host = parts.hostname or ""
-        netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+        netloc = f"{user}:***@{parts.netloc.rpartition('@')[2]}"
         parts = parts._replace(netloc=netloc)
     return urlunsplit(parts)
 

@@ -31,6 +31,8 @@ SERVICE_FIXTURES = {
     "kafka_bootstrap",
     "kafka_admin",
     "kafka_topic",
+    "redis_cluster",
+    "redis_sentinel",
 }
 
 
@@ -90,6 +92,62 @@ def redis_namespace(redis_client):
     namespace = services.unique_name("kvcast-test")
     yield namespace
     services.delete_keys(redis_client, f"{namespace}*")
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """A real Redis Cluster of this test session: 3 masters with a replica each on free
+    loopback ports (`redis-server --cluster-enabled yes`), stopped at the end. Skipped (failed
+    in CI) only when redis-server or redis-cli is not installed."""
+    from kvcast.lab.bench.redis_cluster import LocalRedisCluster
+
+    for binary in ("redis-server", "redis-cli"):
+        if shutil.which(binary) is None:
+            missing(f"{binary} binary (for a local Redis Cluster)", "PATH", "not installed")
+    cluster = LocalRedisCluster(tmp_path_factory.mktemp("redis-cluster"), masters=3, replicas=1)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def redis_cluster_namespace(redis_cluster):
+    """A namespace of this test alone on the session's cluster; its keys deleted afterwards."""
+    import redis
+
+    namespace = services.unique_name("kvcast-test")
+    yield namespace
+    for port in redis_cluster.ports:
+        with contextlib.suppress(redis.RedisError, OSError), redis_cluster.client(port) as client:
+            if client.execute_command("ROLE")[0] == b"master":
+                for key in client.scan_iter(match=f"{namespace}*", count=500):
+                    client.delete(key)
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel(tmp_path_factory: pytest.TempPathFactory):
+    """A master, its replica and a sentinel (`redis-server --sentinel`) of this test session on
+    free loopback ports, stopped at the end; skipped (failed in CI) without redis-server."""
+    from kvcast.lab.bench.redis_cluster import LocalSentinel
+
+    if shutil.which("redis-server") is None:
+        missing("redis-server binary (for a local Sentinel)", "PATH", "not installed")
+    sentinel = LocalSentinel(tmp_path_factory.mktemp("redis-sentinel"))
+    yield sentinel
+    sentinel.stop()
+
+
+@pytest.fixture
+def redis_sentinel_namespace(redis_sentinel):
+    """A namespace of this test alone behind the session's sentinel; deleted afterwards."""
+    import redis
+
+    namespace = services.unique_name("kvcast-test")
+    yield namespace
+    with (
+        contextlib.suppress(redis.RedisError, OSError),
+        redis_sentinel.client(redis_sentinel.master_port()) as client,
+    ):
+        services.delete_keys(client, f"{namespace}*")
 
 
 @pytest.fixture(scope="session")

@@ -52,7 +52,13 @@ _DERIVED = frozenset({"group_id"})
 # (flag, settings field, click type, help); each reads KVCAST_<FLAG> from the environment.
 _RUN_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
     ("--source", "source", str, "kafka://HOST:PORT/TOPIC or file://PATH; none: embedded default."),
-    ("--store", "store", str, "memory:// or redis://[:PASSWORD@]HOST:PORT/DB (rediss:// for TLS)."),
+    (
+        "--store",
+        "store",
+        str,
+        "memory://, redis://[:PASSWORD@]HOST:PORT/DB, redis+cluster://HOST:PORT[,HOST:PORT...]"
+        " or redis+sentinel://HOST:PORT[,...]/SERVICE (rediss... for TLS).",
+    ),
     (
         "--group-id",
         "group_id",
@@ -166,6 +172,13 @@ _RUN_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
         str,
         "Kafka topic for rejected records as they arrived (the source's brokers), or "
         "kafka://HOST:PORT/TOPIC; committed with their partition.",
+    ),
+    (
+        "--shadow-sampling",
+        "shadow_sampling",
+        Floats(min=0, max=1),
+        "Fraction of KV blocks the shadow LRU simulation keeps (its measured hit-ratio curve"
+        " beside the forecast); 0 turns it off.",
     ),
     (
         "--engine-scrape-interval",

@@ -1,6 +1,8 @@
 """State stores behind one protocol, chosen from a URL scheme.
 
-``memory://`` (the embedded default) and ``redis://`` / ``rediss://`` (production).
+``memory://`` (the embedded default), ``redis://`` / ``rediss://`` (production),
+``redis+sentinel://`` (the same layout on Sentinel's master) and ``redis+cluster://``
+(a Redis Cluster, partitions spread over its shards; its own layout).
 """
 
 from kvcast.daemon.stores.base import StaleOwner, StateStore, StoreUnavailable, WindowState

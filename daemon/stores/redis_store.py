@@ -1,7 +1,13 @@
 """The Redis state store: statistics shared by every daemon instance of a namespace.
 
-Keys all start with ``NAMESPACE:{NAMESPACE}:`` (a literal prefix for ACLs, and one hash tag so
-the multi-key commit transaction is legal on Redis Cluster). Layout:
+This is the layout of one Redis server (``redis://``, ``rediss://``) and of the master behind
+Sentinel (``redis+sentinel://``, the same keys). A Redis Cluster (``redis+cluster://``) uses
+its own, with a hash tag per partition so that partitions spread over the shards
+(:mod:`kvcast.daemon.stores.redis_cluster`); the two do not read each other's keys, so moving
+a deployment from one server to a cluster starts a new namespace.
+
+Keys all start with ``NAMESPACE:{NAMESPACE}:`` (a literal prefix for ACLs, and one hash tag:
+the whole namespace in one slot). Layout:
 
 - ``part:P`` hash (offset, newest_ts), ``open:P`` hash (session -> open conversation),
   ``ids:P`` hash (request id -> event time), ``shared:P`` hash (shared block id as JSON ->
@@ -22,6 +28,9 @@ the multi-key commit transaction is legal on Redis Cluster). Layout:
   lost it too, so every instance sees a new one and reloads its partitions.
 
 A commit is one MULTI/EXEC guarded by WATCH on ``part:P``: applied whole, or not at all.
+Keys are named by :meth:`RedisStore.key` (namespace-level), :meth:`RedisStore.part_key` (a
+partition's) and :meth:`RedisStore.sum_key` (the counters every partition adds into), which
+the cluster layout overrides.
 """
 
 from __future__ import annotations
@@ -29,7 +38,9 @@ from __future__ import annotations
 import functools
 import math
 import re
+import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -127,53 +138,99 @@ class _Increments:
 
     def queue(self, pipe: Any) -> None:
         if self.keys:
-            pipe.eval(_HINCRBY_HASHES, len(self.keys), *self.keys, *self.args)
+            pipe.execute_command("EVAL", _HINCRBY_HASHES, len(self.keys), *self.keys, *self.args)
 
 
 class RedisStore:
     """:class:`StateStore` on a Redis server (``redis://`` or ``rediss://`` URL, AUTH in it)."""
 
-    def __init__(self, url: str, namespace: str = "kvcast", timeout_s: float = 5.0) -> None:
-        self._client = redis.Redis.from_url(
+    # Whether the commit itself adds its partition to ``parts`` (inside the transaction, when it
+    # has buckets): true for one server; the cluster layout does it before, in another slot.
+    _parts_in_commit = True
+    # Attempts of a commit, when its WATCH fired (on a cluster: its slot moved while watched;
+    # the next attempt finds the offset changed if someone did commit) or the server refused
+    # it with one of ``_retry_now`` (a redirection: nothing applied). One server: one attempt,
+    # a fired WATCH is a concurrent owner.
+    _commit_attempts = 1
+    _retry_now: tuple[type[BaseException], ...] = ()
+    # What is reported as StoreUnavailable (retried with backoff by the daemon).
+    _errors: tuple[type[BaseException], ...] = _STORE_ERRORS
+
+    def __init__(
+        self,
+        url: str,
+        namespace: str = "kvcast",
+        timeout_s: float = 5.0,
+        client: Any | None = None,
+    ) -> None:
+        """``client``: an already configured redis-py client (Sentinel's master) instead of
+        one made from ``url`` (then only named in messages)."""
+        self._client = client if client is not None else redis.Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        )
+        )  # fmt: skip
         self.namespace = namespace
         self.prefix = f"{namespace}:{{{namespace}}}:"
 
     def key(self, *parts: object) -> str:
+        """A namespace-level key: ``parts`` joined by ``:`` after the namespace's prefix."""
         return self.prefix + ":".join(str(p) for p in parts)
+
+    def part_key(self, name: str, partition: str, *rest: object) -> str:
+        """A key of partition ``partition`` (its checkpoint, its window): here ``name:P:rest``
+        under the namespace's one hash tag."""
+        return self.key(name, partition, *rest)
+
+    def sum_key(self, partition: str, *parts: object) -> str:
+        """A key of the counters every partition adds into (arrivals, events): here one for
+        the whole namespace; the cluster layout keeps one per partition."""
+        return self.key(*parts)
 
     def ping(self) -> None:
         try:
             self._client.ping()
-        except _STORE_ERRORS as exc:
+        except self._errors as exc:
             raise _unavailable(exc) from None
 
     def epoch(self) -> str:
         """The ``epoch`` key, created (a random id) by the first instance that finds none: a
         Redis that lost its data has lost this key too, and the next reader makes a new one."""
         key = self.key("epoch")
-        try:
+
+        def read() -> bytes:
             value = self._client.get(key)  # a read: answered even by a full Redis
-            if value is None:
+            if value is None:  # SET NX: idempotent, so a retried attempt is harmless
                 pipe = self._client.pipeline(transaction=True)
                 pipe.set(key, uuid.uuid4().hex, nx=True)
                 pipe.get(key)
                 _, value = pipe.execute()
-        except _STORE_ERRORS as exc:
-            raise _unavailable(exc) from None
-        return value.decode()
+            return value
+
+        return self._retrying(read).decode()
+
+    def _retrying(self, read: Callable[[], Any]) -> Any:
+        """``read()``, again after a short pause when refused with one of ``_retry_now``
+        (at most ``_commit_attempts`` times); any store error as StoreUnavailable."""
+        for attempt in range(1, self._commit_attempts + 1):
+            try:
+                return read()
+            except (WatchError, *self._retry_now) as exc:  # a slot moved: nothing was read
+                if attempt == self._commit_attempts:
+                    raise _unavailable(exc) from None
+                time.sleep(min(0.5, 0.02 * attempt))
+            except self._errors as exc:
+                raise _unavailable(exc) from None
+        raise AssertionError("unreachable")
 
     def load_partition(self, partition: str) -> PartitionCheckpoint | None:
-        try:
+        def read() -> list[Any]:
             pipe = self._client.pipeline(transaction=True)
-            pipe.hgetall(self.key("part", partition))
-            pipe.hgetall(self.key("open", partition))
-            pipe.hgetall(self.key("ids", partition))
-            pipe.hgetall(self.key("shared", partition))
-            meta, conversations, ids, shared = pipe.execute()
-        except _STORE_ERRORS as exc:
-            raise _unavailable(exc) from None
+            pipe.hgetall(self.part_key("part", partition))
+            pipe.hgetall(self.part_key("open", partition))
+            pipe.hgetall(self.part_key("ids", partition))
+            pipe.hgetall(self.part_key("shared", partition))
+            return pipe.execute()
+
+        meta, conversations, ids, shared = self._retrying(read)
         if not meta:
             return None
         return PartitionCheckpoint(
@@ -185,59 +242,86 @@ class RedisStore:
         )
 
     def commit(self, delta: PartitionDelta) -> None:
-        part_key = self.key("part", delta.partition)
-        try:
-            with self._client.pipeline(transaction=True) as pipe:
-                pipe.watch(part_key)
-                stored = pipe.hget(part_key, "offset")
-                stored_offset = int(stored) if stored is not None else -1
-                if stored_offset != delta.base_offset:
+        self._before_commit(delta)
+        for attempt in range(1, self._commit_attempts + 1):
+            try:
+                self._commit_once(delta)
+                return
+            except WatchError as exc:
+                if self._commit_attempts == 1:  # one server: only a commit fires the WATCH
                     raise StaleOwner(
-                        f"partition {delta.partition}: stored offset {stored_offset},"
-                        f" expected {delta.base_offset}",
-                        stored_offset,
-                    )
-                pipe.multi()
-                self._queue_delta(pipe, delta)
-                pipe.execute()
-        except WatchError:
-            raise StaleOwner(f"partition {delta.partition} was committed concurrently") from None
-        except _STORE_ERRORS as exc:
-            raise _unavailable(exc) from None
+                        f"partition {delta.partition} was committed concurrently"
+                    ) from None
+                # On a cluster a moving slot fires it too; a concurrent owner's commit shows
+                # at the next attempt's offset check (StaleOwner). Still moving: retry later.
+                if attempt == self._commit_attempts:
+                    raise _unavailable(exc) from None
+                time.sleep(min(0.5, 0.02 * attempt))
+            except self._retry_now as exc:  # refused before anything was applied
+                if attempt == self._commit_attempts:
+                    raise _unavailable(exc) from None
+                time.sleep(min(0.5, 0.02 * attempt))
+            except self._errors as exc:
+                raise _unavailable(exc) from None
+
+    def _before_commit(self, delta: PartitionDelta) -> None:
+        """What a commit writes outside its transaction, first (idempotent): nothing here."""
+
+    def _commit_once(self, delta: PartitionDelta) -> None:
+        """One WATCH/MULTI/EXEC; WatchError when ``part:P`` changed (or, on a cluster, its
+        slot moved) in between, StaleOwner when the stored offset is not the delta's base."""
+        part_key = self.part_key("part", delta.partition)
+        with self._client.pipeline(transaction=True) as pipe:
+            pipe.watch(part_key)
+            stored = pipe.hget(part_key, "offset")
+            stored_offset = int(stored) if stored is not None else -1
+            if stored_offset != delta.base_offset:
+                raise StaleOwner(
+                    f"partition {delta.partition}: stored offset {stored_offset},"
+                    f" expected {delta.base_offset}",
+                    stored_offset,
+                )
+            pipe.multi()
+            self._queue_delta(pipe, delta)
+            pipe.execute()
 
     def _queue_delta(self, pipe: Any, delta: PartitionDelta) -> None:
         part = delta.partition
         pipe.hset(
-            self.key("part", part),
+            self.part_key("part", part),
             mapping={"offset": delta.offset, "newest_ts": repr(delta.newest_ts)},
         )
         if delta.upserts:
-            pipe.hset(self.key("open", part), mapping=delta.upserts)
+            pipe.hset(self.part_key("open", part), mapping=delta.upserts)
         if delta.removals:
-            pipe.hdel(self.key("open", part), *delta.removals)
+            pipe.hdel(self.part_key("open", part), *delta.removals)
         if delta.ids_added:
             pipe.hset(
-                self.key("ids", part),
+                self.part_key("ids", part),
                 mapping={k: repr(v) for k, v in delta.ids_added.items()},
             )
         if delta.ids_removed:
-            pipe.hdel(self.key("ids", part), *delta.ids_removed)
+            pipe.hdel(self.part_key("ids", part), *delta.ids_removed)
         if delta.shared_upserts:
             pipe.hset(
-                self.key("shared", part),
+                self.part_key("shared", part),
                 mapping={orjson.dumps(k): repr(v) for k, v in delta.shared_upserts.items()},
             )
         if delta.shared_removals:
-            pipe.hdel(self.key("shared", part), *[orjson.dumps(k) for k in delta.shared_removals])
-        pipe.eval(
-            _KEEP_EXTREME, 1, self.key("arr", "meta"), "newest_ts", repr(delta.newest_ts), "max"
-        )
+            pipe.hdel(
+                self.part_key("shared", part), *[orjson.dumps(k) for k in delta.shared_removals]
+            )
+        # EVAL by name: redis-py's cluster pipeline has no eval(); the command is the same.
+        pipe.execute_command(
+            "EVAL", _KEEP_EXTREME, 1, self.sum_key(part, "arr", "meta"), "newest_ts",
+            repr(delta.newest_ts), "max",
+        )  # fmt: skip
         increments = _Increments()
-        if delta.buckets:
+        if delta.buckets and self._parts_in_commit:
             pipe.sadd(self.key("parts"), part)
         for index, bucket in delta.buckets.items():
             self._queue_bucket(pipe, increments, part, index, bucket)
-        self._queue_arrivals(pipe, increments, delta.arrivals)
+        self._queue_arrivals(pipe, increments, part, delta.arrivals)
         counters = delta.counters
         counts: list[Any] = []
         if counters.processed:
@@ -247,13 +331,13 @@ class RedisStore:
         for reason, amount in counters.rejected.items():
             if amount:
                 counts += (f"rejected:{reason}", amount)
-        increments.add(self.key("counters"), counts)
+        increments.add(self.sum_key(part, "counters"), counts)
         increments.queue(pipe)
 
     def _queue_bucket(
         self, pipe: Any, increments: _Increments, part: str, index: int, bucket: Bucket
     ) -> None:
-        pipe.zadd(self.key("buckets", part), {str(index): index})
+        pipe.zadd(self.part_key("buckets", part), {str(index): index})
         sums_of_bucket: list[Any] = ["n", bucket.conversations]
         for (intent, turn), sums in bucket.states.items():
             sums_of_bucket += (_field("r", intent, turn), sums.reached)
@@ -265,10 +349,10 @@ class RedisStore:
             for name in _SHARED_MOMENT_FIELDS:
                 if getattr(moments, name):
                     sums_of_bucket += (_field("m", intent, name), getattr(moments, name))
-        increments.add(self.key("bucket", part, index), sums_of_bucket)
+        increments.add(self.part_key("bucket", part, index), sums_of_bucket)
         if bucket.delays:
             pipe.rpush(
-                self.key("delays", part, index),
+                self.part_key("delays", part, index),
                 orjson.dumps(
                     [
                         [d.delay_s, d.prev_blocks, d.intent, d.turn]
@@ -280,11 +364,13 @@ class RedisStore:
             )
         if bucket.shared_gaps:
             pipe.rpush(
-                self.key("sgaps", part, index),
+                self.part_key("sgaps", part, index),
                 orjson.dumps([[g.gap_s, g.blocks] for g in bucket.shared_gaps]),
             )
 
-    def _queue_arrivals(self, pipe: Any, increments: _Increments, arrivals: ArrivalStats) -> None:
+    def _queue_arrivals(
+        self, pipe: Any, increments: _Increments, part: str, arrivals: ArrivalStats
+    ) -> None:
         starts: list[Any] = []
         cached: list[Any] = []
         inputs: list[Any] = []
@@ -295,14 +381,18 @@ class RedisStore:
                 cached += (second, counters.cached_tokens)
             if counters.input_tokens:
                 inputs += (second, counters.input_tokens)
-        increments.add(self.key("arr", "starts"), starts)
-        increments.add(self.key("arr", "cached_tokens"), cached)
-        increments.add(self.key("arr", "input_tokens"), inputs)
+        increments.add(self.sum_key(part, "arr", "starts"), starts)
+        increments.add(self.sum_key(part, "arr", "cached_tokens"), cached)
+        increments.add(self.sum_key(part, "arr", "input_tokens"), inputs)
         if arrivals.start_count:
-            meta = self.key("arr", "meta")
+            meta = self.sum_key(part, "arr", "meta")
             increments.add(meta, ["start_count", arrivals.start_count])
-            pipe.eval(_KEEP_EXTREME, 1, meta, "first_start", repr(arrivals.first_start), "min")
-            pipe.eval(_KEEP_EXTREME, 1, meta, "newest_start", repr(arrivals.newest_start), "max")
+            pipe.execute_command(
+                "EVAL", _KEEP_EXTREME, 1, meta, "first_start", repr(arrivals.first_start), "min"
+            )
+            pipe.execute_command(
+                "EVAL", _KEEP_EXTREME, 1, meta, "newest_start", repr(arrivals.newest_start), "max"
+            )
 
     def load_window(self, config: StatsConfig) -> WindowState:
         try:
@@ -310,7 +400,7 @@ class RedisStore:
             pipe = self._client.pipeline(transaction=False)
             for part in parts:
                 pipe.zrange(self.key("buckets", part), 0, -1)
-                pipe.hget(self.key("part", part), "newest_ts")
+                pipe.hget(self.part_key("part", part), "newest_ts")
             pipe.zrange(self.key("buckets"), 0, -1)  # the window as one before 0.2
             listed = pipe.execute()
             owners = [(part, [int(i) for i in listed[2 * n]], listed[2 * n + 1])
@@ -329,7 +419,7 @@ class RedisStore:
                 pipe.hgetall(self.key("arr", name))
             pipe.hgetall(self.key("counters"))
             results = pipe.execute()
-        except _STORE_ERRORS as exc:
+        except self._errors as exc:
             raise _unavailable(exc) from None
         starts, cached, inputs, meta, counters = results[-5:]
         newest = float(meta.get(b"newest_ts", -math.inf))
@@ -379,20 +469,20 @@ class RedisStore:
                 if old:
                     pipe.hdel(key, *old)
             pipe.execute()
-        except _STORE_ERRORS as exc:
+        except self._errors as exc:
             raise _unavailable(exc) from None
         return deleted
 
     def publish_table(self, document: dict[str, Any]) -> None:
         try:
             self._client.set(redis_table_key(self.namespace), orjson.dumps(document))
-        except _STORE_ERRORS as exc:
+        except self._errors as exc:
             raise _unavailable(exc) from None
 
     def read_table(self) -> dict[str, Any] | None:
         try:
             raw = self._client.get(redis_table_key(self.namespace))
-        except _STORE_ERRORS as exc:
+        except self._errors as exc:
             raise _unavailable(exc) from None
         return None if raw is None else orjson.loads(raw)
 

@@ -20,10 +20,26 @@ def _redis(url: str, namespace: str) -> StateStore:
     return RedisStore(url, namespace)
 
 
+def _redis_cluster(url: str, namespace: str) -> StateStore:
+    from kvcast.daemon.stores.redis_cluster import RedisClusterStore
+
+    return RedisClusterStore(url, namespace)
+
+
+def _redis_sentinel(url: str, namespace: str) -> StateStore:
+    from kvcast.daemon.stores.redis_cluster import open_sentinel_store
+
+    return open_sentinel_store(url, namespace)
+
+
 STORES: dict[str, Callable[[str, str], StateStore]] = {
     "memory": _memory,
     "redis": _redis,
     "rediss": _redis,
+    "redis+cluster": _redis_cluster,
+    "rediss+cluster": _redis_cluster,
+    "redis+sentinel": _redis_sentinel,
+    "rediss+sentinel": _redis_sentinel,
 }
 
 

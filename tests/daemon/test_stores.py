@@ -1,4 +1,6 @@
-"""One contract for every state store: the in-memory one and Redis (a real server).
+"""One contract for every state store: the in-memory one, Redis (a real server), Redis behind
+a real Sentinel, and a real local Redis Cluster (its own layout: per-partition counters the
+reader adds up).
 
 The reference is always the plain :class:`StatsEngine` over the same events: whatever the
 commit points, crashes, partitions or fencing, the stored statistics must equal it.
@@ -27,10 +29,23 @@ from tests.support import canonical, shared_prefix_events
 CONFIG = StatsConfig(completion_timeout_s=900, allowed_lateness_s=30, max_turn=8)
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.integration)])
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("redis", marks=pytest.mark.integration),
+        pytest.param("cluster", marks=pytest.mark.integration),
+        pytest.param("sentinel", marks=pytest.mark.integration),
+    ]
+)
 def store(request: pytest.FixtureRequest) -> Iterator[StateStore]:
     if request.param == "memory":
         opened = open_store("memory://")
+    elif request.param == "sentinel":  # the plain layout on the master a sentinel names
+        url = request.getfixturevalue("redis_sentinel").url
+        opened = open_store(url, namespace=request.getfixturevalue("redis_sentinel_namespace"))
+    elif request.param == "cluster":  # a real 3-master cluster, partitions over its shards
+        url = request.getfixturevalue("redis_cluster").url
+        opened = open_store(url, namespace=request.getfixturevalue("redis_cluster_namespace"))
     else:
         url = request.getfixturevalue("redis_url")
         opened = open_store(url, namespace=request.getfixturevalue("redis_namespace"))
