@@ -36,7 +36,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from kvcast.stats.priority import (
     POLICIES,
@@ -89,21 +89,67 @@ def _decode(raw: bytes, where: str) -> Mapping[str, Any]:
     return doc
 
 
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+
+
+def _redis_client(url: str, timeout_s: float) -> Any:
+    """A redis-py client for ``redis[s]://``, ``redis[s]+cluster://HOST:PORT[,...]`` or
+    ``redis[s]+sentinel://HOST:PORT[,...]/SERVICE`` (the store URLs of ``kvcast run``)."""
+    import redis  # lazily: HTTP-only engines need not install redis-py
+
+    parts = urlsplit(url)
+    if parts.scheme not in CLUSTER_SCHEMES + SENTINEL_SCHEMES:
+        return redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    options: dict[str, Any] = {
+        "username": unquote(user) or None,
+        "password": unquote(password) or None,
+        "ssl": parts.scheme.startswith("rediss"),
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": timeout_s,
+    }
+    nodes = []
+    for item in hosts.split(","):
+        host, _, port = item.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(
+                f"table source {parts.scheme}://...: {item.strip()!r} is not HOST:PORT"
+            )
+        nodes.append((host.strip("[]"), int(port)))
+    if parts.scheme in CLUSTER_SCHEMES:
+        startup = [redis.cluster.ClusterNode(host, port) for host, port in nodes]
+        return redis.RedisCluster(startup_nodes=startup, **options)
+    service = parts.path.strip("/").split("/")[0]
+    if not service:
+        raise ValueError(f"table source {parts.scheme}://...: no /SERVICE_NAME after the hosts")
+    sentinel = redis.Sentinel(nodes, socket_timeout=timeout_s)
+    return sentinel.master_for(service, **options)
+
+
 class RedisTableSource:
-    """Reads the one-key table (a single GET, so never half a table) from ``redis[s]://``."""
+    """Reads the one-key table (a single GET, so never half a table) from ``redis[s]://``, a
+    Redis Cluster (``redis+cluster://``) or the master behind Sentinel (``redis+sentinel://``):
+    the key is the namespace's own in every layout."""
 
     def __init__(self, url: str, namespace: str = "kvcast", timeout_s: float = 2.0) -> None:
         import redis  # lazily: HTTP-only engines need not install redis-py
 
-        self._errors = (redis.RedisError, OSError)
-        self._client = redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        )
+        # A cluster client asks for the slot map when made: made at the first fetch, so that
+        # a cluster that does not answer yet is a fetch's TableSourceError, like a server's.
+        self._errors = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
+        self._url, self._timeout_s = url, timeout_s
+        self._client: Any = None
+        if urlsplit(url).scheme not in CLUSTER_SCHEMES:
+            self._client = _redis_client(url, timeout_s)
         self.key = redis_table_key(namespace)
         self._last: bytes | None = None
 
     def fetch(self) -> Mapping[str, Any] | None:
         try:
+            if self._client is None:
+                self._client = _redis_client(self._url, self._timeout_s)
             raw = self._client.get(self.key)
         except self._errors as exc:
             raise TableSourceError(f"redis: {type(exc).__name__}: {exc}") from None
@@ -114,7 +160,8 @@ class RedisTableSource:
         return doc
 
     def close(self) -> None:
-        self._client.close()
+        if self._client is not None:
+            self._client.close()
 
 
 class HttpTableSource:
@@ -183,7 +230,7 @@ def open_source(url: str, namespace: str = "kvcast", timeout_s: float = 2.0) -> 
     """A source from a URL: ``redis://``/``rediss://`` (+ namespace), ``http(s)://``, or a
     ``file://`` URL / plain path."""
     scheme = urlsplit(url).scheme
-    if scheme in ("redis", "rediss", "unix"):
+    if scheme in ("redis", "rediss", "unix", *CLUSTER_SCHEMES, *SENTINEL_SCHEMES):
         return RedisTableSource(url, namespace, timeout_s)
     if scheme in ("http", "https"):
         return HttpTableSource(url, timeout_s)
@@ -191,7 +238,10 @@ def open_source(url: str, namespace: str = "kvcast", timeout_s: float = 2.0) -> 
         return FileTableSource(urlsplit(url).path)
     if scheme == "":
         return FileTableSource(url)
-    raise ValueError(f"unsupported table source {url!r} (redis://, http://, file://)")
+    raise ValueError(
+        f"unsupported table source {url!r} (redis://, redis+cluster://, redis+sentinel://,"
+        " http://, file://)"
+    )
 
 
 class TableClient:

@@ -79,7 +79,12 @@ def _load(redis_url: str | None, namespace: str, http: str | None, replay: Path 
 
 
 @click.command("table")
-@click.option("--redis", "redis_url", metavar="URL", help="Read it from Redis (redis[s]://...).")
+@click.option(
+    "--redis",
+    "redis_url",
+    metavar="URL",
+    help="Read it from Redis: redis[s]://..., redis[s]+cluster://... or redis[s]+sentinel://...",
+)
 @click.option(
     "--namespace",
     default="kvcast",

@@ -18,6 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 from kvcast.lab.bench.processes import wait_until
 
@@ -41,7 +42,51 @@ def _free_node_port() -> int:
     raise RuntimeError("no free port pair for a cluster node")
 
 
-class LocalRedisCluster:
+class _LocalServers:
+    """redis-server processes on loopback ports: their clients, and their end (:meth:`stop`,
+    or the context)."""
+
+    processes: dict[int, subprocess.Popen]
+
+    def client(self, port: int):
+        """A plain (not cluster-aware) client of the server on ``port``."""
+        import redis
+
+        return redis.Redis(host="127.0.0.1", port=port, socket_timeout=5)
+
+    def _pings(self, port: int) -> bool:
+        import redis
+
+        try:
+            with self.client(port) as client:
+                return bool(client.ping())
+        except (redis.RedisError, OSError):
+            return False
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class LocalRedisCluster(_LocalServers):
     """``masters`` masters with ``replicas`` replicas each, every node on a free port of
     127.0.0.1, files under ``directory``; :meth:`stop` (or the context) ends the processes."""
 
@@ -85,21 +130,6 @@ class LocalRedisCluster:
             stdout=(node_dir / "log").open("ab"), stderr=subprocess.STDOUT,
         )  # fmt: skip
         wait_until(lambda: self._pings(port), 10, f"redis-server on port {port}")
-
-    def client(self, port: int):
-        """A plain (not cluster-aware) client of the node on ``port``."""
-        import redis
-
-        return redis.Redis(host="127.0.0.1", port=port, socket_timeout=5)
-
-    def _pings(self, port: int) -> bool:
-        import redis
-
-        try:
-            with self.client(port) as client:
-                return bool(client.ping())
-        except (redis.RedisError, OSError):
-            return False
 
     def info(self, port: int) -> dict[str, str]:
         """``CLUSTER INFO`` of one node."""
@@ -235,30 +265,8 @@ class LocalRedisCluster:
             timeout_s, f"the node on {port} to rejoin",
         )  # fmt: skip
 
-    def stop(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
 
-    def __enter__(self) -> LocalRedisCluster:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-
-class LocalSentinel:
+class LocalSentinel(_LocalServers):
     """A master, ``replicas`` replicas and one sentinel (``redis-server --sentinel``, quorum
     1) watching the master as ``service``, all on free loopback ports under ``directory``."""
 
@@ -304,20 +312,6 @@ class LocalSentinel:
         )  # fmt: skip
         wait_until(lambda: self._pings(port), 10, f"redis-server on port {port}")
 
-    def client(self, port: int):
-        import redis
-
-        return redis.Redis(host="127.0.0.1", port=port, socket_timeout=5)
-
-    def _pings(self, port: int) -> bool:
-        import redis
-
-        try:
-            with self.client(port) as client:
-                return bool(client.ping())
-        except (redis.RedisError, OSError):
-            return False
-
     def master_port(self) -> int:
         """The master's port, as the sentinel names it."""
         with self.client(self.sentinel_port) as client:
@@ -344,14 +338,3 @@ class LocalSentinel:
 
         wait_until(promoted, timeout_s, "the sentinel's failover")
         return self.master_port()
-
-    def stop(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()

@@ -231,9 +231,14 @@ class HttpBackend(Backend):
 
 
 class RedisBackend(Backend):
-    def __init__(self, client: Any, url: str, namespace: str, expected: Expected) -> None:
+    """The table key in a real Redis: one server, a Redis Cluster or the master behind a
+    Sentinel (``scheme`` is the URL scheme of the sources opened on an unreachable port)."""
+
+    def __init__(
+        self, client: Any, url: str, namespace: str, expected: Expected, scheme: str = "redis"
+    ) -> None:
         self.expected = expected
-        self.client, self.namespace = client, namespace
+        self.client, self.namespace, self.scheme = client, namespace, scheme
         self.source = open_source(url, namespace=namespace, timeout_s=2.0)
         self.where = redis_table_key(namespace)
         self.others = []
@@ -249,7 +254,11 @@ class RedisBackend(Backend):
         return self._at(peer.port)
 
     def _at(self, port: int) -> TableSource:
-        url = f"redis://127.0.0.1:{port}/0"
+        url = {
+            "redis": f"redis://127.0.0.1:{port}/0",
+            "redis+cluster": f"redis+cluster://127.0.0.1:{port}",
+            "redis+sentinel": f"redis+sentinel://127.0.0.1:{port}/kvcast",
+        }[self.scheme]
         self.others.append(open_source(url, namespace=self.namespace, timeout_s=1.0))
         return self.others[-1]
 
@@ -259,6 +268,12 @@ IMPLEMENTATIONS = [
     pytest.param(("http", Expected(before_publish=None)), id="http"),
     pytest.param(
         ("redis", Expected(before_publish=None)), id="redis", marks=pytest.mark.integration
+    ),
+    pytest.param(
+        ("cluster", Expected(before_publish=None)), id="cluster", marks=pytest.mark.integration
+    ),
+    pytest.param(
+        ("sentinel", Expected(before_publish=None)), id="sentinel", marks=pytest.mark.integration
     ),
 ]
 
@@ -270,6 +285,27 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
         chosen: Backend = FileBackend(tmp_path, expected)
     elif kind == "http":
         chosen = HttpBackend(expected)
+    elif kind == "cluster":
+        import redis
+
+        cluster = request.getfixturevalue("redis_cluster")
+        nodes = [redis.cluster.ClusterNode("127.0.0.1", port) for port in cluster.ports]
+        chosen = RedisBackend(
+            redis.RedisCluster(startup_nodes=nodes),
+            cluster.url,
+            request.getfixturevalue("redis_cluster_namespace"),
+            expected,
+            "redis+cluster",
+        )
+    elif kind == "sentinel":
+        sentinel = request.getfixturevalue("redis_sentinel")
+        chosen = RedisBackend(
+            sentinel.client(sentinel.master_port()),
+            sentinel.url,
+            request.getfixturevalue("redis_sentinel_namespace"),
+            expected,
+            "redis+sentinel",
+        )
     else:
         chosen = RedisBackend(
             request.getfixturevalue("redis_client"),
