@@ -23,7 +23,8 @@ from typing import Any
 from kvcast.daemon.settings import DaemonSettings
 from kvcast.stats.events import Event
 from kvcast.stats.ingest import IngestTarget
-from kvcast.stats.shadow import DEFAULT_MAX_AGE_S, ShadowSimulator
+from kvcast.stats.shadow import ShadowSimulator
+from kvcast.stats.shadow_counters import DEFAULT_MAX_AGE_S
 
 
 class ShadowedTarget:

@@ -98,6 +98,17 @@ def sample_model(
     return FluctuationModel(model, W, v, R, EB2=final_blocks_second_moment(sample))
 
 
+def shared_gaps(
+    sample: WorkloadSample, instances: int = 1
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """The shared blocks' gaps (s) as one of ``instances`` instances sees them (stretched by
+    ``instances``: the thinning of a Poisson stream, an approximation) and their blocks."""
+    if sample.shared_gap_s is None or sample.shared_gap_blocks is None:
+        return np.zeros(0), np.zeros(0)
+    gaps = np.asarray(sample.shared_gap_s, dtype=np.float64) * float(instances)
+    return gaps, np.asarray(sample.shared_gap_blocks, dtype=np.float64)
+
+
 def shared_model(
     sample: WorkloadSample,
     lam: float,
@@ -136,12 +147,7 @@ def shared_model(
     )
     own = np.maximum(np.asarray(sample.prev_blocks, dtype=np.float64) - shared_prev, 0.0)
     W, w, v = revisit_weights(replace(sample, prev_blocks=own), variant, displacement)
-    gaps = np.zeros(0) if sample.shared_gap_s is None else np.asarray(sample.shared_gap_s)
-    counts = (
-        np.zeros(0) if sample.shared_gap_blocks is None else np.asarray(sample.shared_gap_blocks)
-    )
-    gaps = gaps.astype(np.float64) * float(instances)
-    counts = counts.astype(np.float64)
+    gaps, counts = shared_gaps(sample, instances)
     return EmpiricalModel(
         np.concatenate((W, gaps)),
         np.concatenate((w, counts)),

@@ -42,6 +42,7 @@ from kvcast.stats.estimators import (
     VARIANTS,
     revisit_weights,
     sample_model,
+    shared_gaps,
     shared_model,
 )
 from kvcast.stats.finite_size import FluctuationModel
@@ -419,14 +420,12 @@ def _shared_part(
     """The shared blocks' residency and hits at T_C (see :func:`shared_model`)."""
     tot = sample.total()
     L = tot.conversations
-    gaps = np.asarray(sample.shared_gap_s, dtype=np.float64) * instances
-    counts = np.asarray(sample.shared_gap_blocks, dtype=np.float64)
+    gaps, counts = shared_gaps(sample, instances)
     if not (L and lam > 0):
         return SharedForecast(None, None, None, name)
     per_s = lam / L  # conversations' sums per second at this instance's rate
-    t = t_c if math.isfinite(t_c) else math.inf
-    resident = per_s * (tot.shared_born * t + float(np.sum(counts * np.minimum(gaps, t))))
-    hits = float(np.sum(counts[gaps <= t])) if gaps.size else 0.0
+    resident = per_s * (tot.shared_born * t_c + float(np.sum(counts * np.minimum(gaps, t_c))))
+    hits = float(np.sum(counts[gaps <= t_c]))
     return SharedForecast(
         blocks=_finite(resident),
         hit_ratio=hits / tot.sum_R if tot.sum_R > 0 else None,

@@ -92,12 +92,10 @@ def _sizes(trace: SimTrace, size: str) -> list[int]:
     return trace.blocks.tolist() if size == "request" else [1] * len(trace)
 
 
-class IAC(LRU):
-    """IAC order over a fixed table, or a :class:`RollingTable` consulted as requests arrive."""
+class _ByState(LRU):
+    """A table-driven order: each request's time (s), size term, intent and turn, as columns."""
 
-    def __init__(self, table: PriorityIndex | RollingTable, size: str = "block") -> None:
-        self.table = table
-        self.size_mode = size
+    size_mode: str
 
     def bind(self, sim: BlockCache) -> None:
         super().bind(sim)
@@ -106,7 +104,18 @@ class IAC(LRU):
         self.sizes = _sizes(trace, self.size_mode)
         self.labels = intent_labels(trace)
         self.turns = trace.turn.tolist()
-        self.state: list[tuple[float, float]] = [(0.0, 0.0)] * len(trace)
+
+
+class IAC(_ByState):
+    """IAC order over a fixed table, or a :class:`RollingTable` consulted as requests arrive."""
+
+    def __init__(self, table: PriorityIndex | RollingTable, size: str = "block") -> None:
+        self.table = table
+        self.size_mode = size
+
+    def bind(self, sim: BlockCache) -> None:
+        super().bind(sim)
+        self.state: list[tuple[float, float]] = [(0.0, 0.0)] * len(sim.trace)
 
     def begin(self, request: int, now: float) -> None:
         table = self.table
@@ -126,7 +135,7 @@ class IAC(LRU):
         return key, (t_r + median if fresh else None)
 
 
-class Density(LRU):
+class Density(_ByState):
     """The ``density`` order over a fixed table (see the module doc)."""
 
     def __init__(self, table: PriorityIndex, size: str = "block", shared: bool = False) -> None:
@@ -138,10 +147,6 @@ class Density(LRU):
     def bind(self, sim: BlockCache) -> None:
         super().bind(sim)
         trace = sim.trace
-        self.times = trace.timestamp.tolist()
-        self.sizes = _sizes(trace, self.size_mode)
-        self.labels = intent_labels(trace)
-        self.turns = trace.turn.tolist()
         self.curves: list[Any] = [None] * len(trace)
         self.change: list[list[int]] = [[]] * len(trace)
         size = sim.layout.num_nodes

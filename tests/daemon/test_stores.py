@@ -53,17 +53,29 @@ def store(request: pytest.FixtureRequest) -> Iterator[StateStore]:
     opened.close()
 
 
-@pytest.fixture(scope="module", params=["mixed", "shared_prefixes"])
-def events(request: pytest.FixtureRequest) -> list[Event]:
-    if request.param == "mixed":
+def log_of(kind: str) -> list[Event]:
+    """A partition's log: ``mixed`` (no block hashes) or ``shared_prefixes`` (block hashes, so
+    the shared-prefix sums, gaps and checkpoints go through the store too)."""
+    if kind == "mixed":
         trace = generate(preset("mixed"), lambda0=1.0, conversations=400, seed=11, prompts=False)
         raws = list(trace.events())
-    else:  # block hashes: the shared-prefix sums, gaps and checkpoints go through the store too
+    else:
         raws = shared_prefix_events(400, seed=11, rate_per_s=0.2)
     parsed = [parse_event(raw) for raw in raws]
     # A few duplicates, a rejected payload and a late event, as a real log has them.
     parsed[50:50] = [parsed[40], parsed[41]]
     return parsed
+
+
+@pytest.fixture(scope="module", params=["mixed", "shared_prefixes"])
+def events(request: pytest.FixtureRequest) -> list[Event]:
+    return log_of(request.param)
+
+
+@pytest.fixture(scope="module")
+def mixed_events() -> list[Event]:
+    """The log without block hashes: what the layouts before 0.2 could hold."""
+    return log_of("mixed")
 
 
 def reference(events: list[Event]) -> StatsEngine:
@@ -270,12 +282,10 @@ def test_each_partitions_window_is_anchored_at_its_own_newest_event(store: State
 
 @pytest.mark.integration
 def test_a_window_kept_in_the_layout_before_0_2_is_still_read_and_expired(
-    redis_url: str, redis_client, redis_namespace: str, events: list[Event]
+    redis_url: str, redis_client, redis_namespace: str, mixed_events: list[Event]
 ) -> None:
-    if any(event.block_hashes for event in events):
-        pytest.skip("the layout before 0.2 predates shared prefixes")
     store = open_store(redis_url, namespace=redis_namespace)
-    run_partition(store, events, commit_every=100)
+    run_partition(store, mixed_events, commit_every=100)
     before = stored_snapshot(store)[0]
     key = store.key  # type: ignore[attr-defined]
     indices = [int(i) for i in redis_client.zrange(key("buckets", "t:0"), 0, -1)]

@@ -25,15 +25,15 @@ from kvcast.lab.traces.mooncake import convert_mooncake
 from kvcast.lab.workload.generator import generate
 from kvcast.lab.workload.presets import preset
 from kvcast.stats.events import Event, parse_event
+from kvcast.stats.lru_stack import LruStack
 from kvcast.stats.shadow import (
     DEFAULT_SAMPLING,
-    LruStack,
-    ShadowCounters,
     ShadowSimulator,
     _id64,
     prefix_keys,
     scramble,
 )
+from kvcast.stats.shadow_counters import ShadowCounters
 
 ROOT = Path(__file__).resolve().parents[2]
 MOONCAKE = ROOT / "data" / "traces" / "mooncake_synthetic_trace.jsonl"  # as in ../shared/data
