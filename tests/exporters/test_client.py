@@ -71,9 +71,10 @@ def served():
 BLOCKED = ("torch", "kafka", "numpy", "scipy", "redis", "orjson", "prometheus_client", "click",
            "kvcast.daemon", "kvcast.stats", "kvcast.classifier",
            "kvcast.lab", "kvcast.cli")  # fmt: skip
-# The one core module the client may import: the table document and the priority over it
-# (standard library only; tests/test_architecture.py holds it to that).
-ALLOWED = ("kvcast.stats", "kvcast.stats.priority")
+# The core modules the client may import: the table document and the priority over it, and
+# the density score it builds on (standard library only; tests/test_architecture.py holds them
+# to that).
+ALLOWED = ("kvcast.stats", "kvcast.stats.priority", "kvcast.stats.density")
 
 
 def test_client_imports_without_heavy_or_daemon_modules(tmp_path: Path) -> None:
