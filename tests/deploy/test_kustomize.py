@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import yaml
 
+from tests.deploy.manifests import assert_wired
 from tests.deploy.tools import DEPLOY, OVERLAYS, need, run
 
 KINDS = {
@@ -30,43 +34,9 @@ def render(overlay: str) -> dict[str, dict]:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_overlay_renders_a_wired_deployment(overlay: str) -> None:
     objects = render(overlay)
-    deployment = objects["Deployment"]
-    pod = deployment["spec"]["template"]
-    labels = pod["metadata"]["labels"]
-    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    (container,) = pod["spec"]["containers"]
-    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    port_names = {port["name"] for port in container["ports"]}
-    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
-        assert container[probe]["httpGet"]["port"] in port_names, probe
-    assert {"requests", "limits"} <= set(container["resources"])
-    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
-    # Credentials come from the Secret, never from the ConfigMap.
-    secrets = {
-        env["name"]: env["valueFrom"]["secretKeyRef"]
-        for env in container["env"]
-        if "secretKeyRef" in env.get("valueFrom", {})
-    }
-    assert secrets["KVCAST_STORE"] == {"name": "kvcast-credentials", "key": "store-url"}
-    assert secrets["KVCAST_SOURCE"]["name"] == "kvcast-credentials"
-    # The config volume names the generated (hashed) ConfigMap, which holds kvcast.toml.
-    config = objects["ConfigMap"]
-    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
-    assert volumes["config"]["configMap"]["name"] == config["metadata"]["name"]
-    assert "kvcast.toml" in config["data"]
-    assert container["args"][-1] == "/etc/kvcast/" + "kvcast.toml"
-    # The Service, the ServiceMonitor and the PodDisruptionBudget find the pods.
-    service = objects["Service"]
-    assert service["spec"]["selector"].items() <= labels.items()
-    assert service["spec"]["ports"][0]["targetPort"] in port_names
-    monitor = objects["ServiceMonitor"]
-    assert (
-        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    )
-    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
-    pdb = objects["PodDisruptionBudget"]
-    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert_wired(list(objects.values()))
+    # Kustomize names the ConfigMap by its content, so a changed config rolls the pods.
+    assert objects["ConfigMap"]["metadata"]["name"].startswith("kvcast-config-")
 
 
 @pytest.mark.integration
@@ -77,3 +47,23 @@ def test_the_overlays_differ_in_image_and_gpu() -> None:
     assert "nvidia.com/gpu" not in cpu["containers"][0]["resources"]["limits"]
     assert gpu["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert any(t["key"] == "nvidia.com/gpu" for t in gpu["tolerations"])
+
+
+@pytest.mark.integration
+def test_the_kube_prometheus_stack_component_labels_only_the_monitoring_objects(
+    tmp_path: Path,
+) -> None:
+    k8s = Path(os.path.relpath(DEPLOY / "k8s", tmp_path))  # kustomize takes no absolute paths
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [str(k8s / "overlays" / "cpu")],
+        "components": [str(k8s / "components" / "kube-prometheus-stack")],
+    }))  # fmt: skip
+    out = run([need("kubectl"), "kustomize", str(tmp_path)])
+    labelled = {
+        doc["kind"]: doc["metadata"]["labels"].get("release")
+        for doc in yaml.safe_load_all(out) if doc
+    }  # fmt: skip
+    assert labelled == {kind: None for kind in KINDS} | {
+        "ServiceMonitor": "kube-prometheus-stack", "PrometheusRule": "kube-prometheus-stack"
+    }  # fmt: skip

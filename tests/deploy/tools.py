@@ -15,6 +15,9 @@ from tests import services
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
+CHART = DEPLOY / "helm" / "kvcast"
+# Where `scripts/check_deploy.sh install` puts the tools no system package ships (helm).
+LOCAL_TOOLS = ROOT / ".tools" / "bin"
 RULES = DEPLOY / "prometheus" / "kvcast-rules.yaml"
 DASHBOARD = DEPLOY / "grafana" / "kvcast-dashboard.json"
 OVERLAYS = ("cpu", "gpu")
@@ -22,8 +25,9 @@ INSTALL_HINT = "install it with `scripts/check_deploy.sh install` (`make test` d
 
 
 def need(tool: str) -> str:
-    """The path of `tool`; fails (CI) or skips (elsewhere) when it is not installed."""
-    path = shutil.which(tool)
+    """The path of `tool` (on PATH or in .tools/bin); fails (CI) or skips (elsewhere) when it
+    is not installed."""
+    path = shutil.which(tool) or shutil.which(tool, path=str(LOCAL_TOOLS))
     if path is None:
         services.unavailable(f"{tool} is not installed; {INSTALL_HINT}")
     return path
