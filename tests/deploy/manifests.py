@@ -4,7 +4,29 @@ from __future__ import annotations
 
 from typing import Any
 
+import yaml
+
+from tests.deploy.tools import DEPLOY, need, run
+
 Manifest = dict[str, Any]
+
+KINDS = {
+    "Deployment",
+    "Service",
+    "ServiceMonitor",
+    "PrometheusRule",
+    "ConfigMap",
+    "PodDisruptionBudget",
+}
+
+
+def render_overlay(overlay: str) -> dict[str, dict]:
+    """The overlay's objects by kind (one of each)."""
+    out = run([need("kubectl"), "kustomize", str(DEPLOY / "k8s" / "overlays" / overlay)])
+    docs = [doc for doc in yaml.safe_load_all(out) if doc]
+    kinds = [doc["kind"] for doc in docs]
+    assert sorted(kinds) == sorted(KINDS), kinds
+    return {doc["kind"]: doc for doc in docs}
 
 
 def one(docs: list[Manifest], kind: str, name: str | None = None) -> Manifest:

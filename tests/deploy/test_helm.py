@@ -19,8 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.manifests import Manifest, assert_wired, one
-from tests.deploy.test_kustomize import render as render_overlay
+from tests.deploy.manifests import Manifest, assert_wired, one, render_overlay
 from tests.deploy.tools import CHART, DASHBOARD, ROOT, RULES, need, run
 
 pytestmark = pytest.mark.integration

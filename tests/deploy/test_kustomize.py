@@ -8,26 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.deploy.manifests import assert_wired
+from tests.deploy.manifests import KINDS, assert_wired
+from tests.deploy.manifests import render_overlay as render
 from tests.deploy.tools import DEPLOY, OVERLAYS, need, run
-
-KINDS = {
-    "Deployment",
-    "Service",
-    "ServiceMonitor",
-    "PrometheusRule",
-    "ConfigMap",
-    "PodDisruptionBudget",
-}
-
-
-def render(overlay: str) -> dict[str, dict]:
-    """The overlay's objects by kind (one of each)."""
-    out = run([need("kubectl"), "kustomize", str(DEPLOY / "k8s" / "overlays" / overlay)])
-    docs = [doc for doc in yaml.safe_load_all(out) if doc]
-    kinds = [doc["kind"] for doc in docs]
-    assert sorted(kinds) == sorted(KINDS), kinds
-    return {doc["kind"]: doc for doc in docs}
 
 
 @pytest.mark.integration
