@@ -61,9 +61,12 @@ def table(seed: int, horizon_s: float = 90.0) -> PriorityIndex:
 STATES = [(i, t) for i in ("code", "chat", "plan", "unlisted") for t in (1, 2, 3, 7)]
 
 
+@pytest.mark.parametrize("hits", ["one block", "whole requests"])
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 10_000), st.lists(st.integers(0, 99), min_size=10, max_size=150))
-def test_pops_follow_the_clients_density_order(seed: int, script: list[int]) -> None:
+def test_pops_follow_the_clients_density_order(hits: str, seed: int, script: list[int]) -> None:
+    """A cache hit takes one block out of the middle, or (as a prefix hit does) every block of
+    a freed request, which can move an end of its state's list."""
     rng = random.Random(seed)
     clock = Clock()
     live = Table(table(seed))
@@ -72,6 +75,7 @@ def test_pops_follow_the_clients_density_order(seed: int, script: list[int]) -> 
     queue.reserve(len(blocks))
     freed: dict[int, tuple[tuple[str, int], float]] = {}  # tagged block id -> (state, freed at)
     untagged: set[int] = set()
+    requests: list[list[Block]] = []  # tagged requests as freed
     fresh = iter(blocks)
     for step in script:
         clock.now += rng.expovariate(1 / 30)
@@ -82,13 +86,19 @@ def test_pops_follow_the_clients_density_order(seed: int, script: list[int]) -> 
                 with queue.tagging(*state):
                     queue.append_n(list(reversed(request)))
                 freed.update((b.block_id, (state, clock.now)) for b in request)
+                requests.append(request)
             else:
                 queue.append_n(list(reversed(request)))
                 untagged.update(b.block_id for b in request)
-        elif step < 60 and freed:  # a cache hit takes a block out of the middle
-            victim = blocks[rng.choice(sorted(freed))]
-            queue.remove(victim)
-            del freed[victim.block_id]
+        elif step < 60 and freed:  # a cache hit
+            if hits == "one block":
+                victims = [blocks[rng.choice(sorted(freed))]]
+            else:
+                request = rng.choice([r for r in requests if any(b.block_id in freed for b in r)])
+                victims = [b for b in request if b.block_id in freed]
+            for victim in victims:
+                queue.remove(victim)
+                del freed[victim.block_id]
         elif step < 63:  # a refreshed table revalues every state
             live.index = table(seed + step, horizon_s=rng.choice((60.0, 600.0)))
         elif queue.num_free_blocks:
@@ -109,6 +119,44 @@ def test_pops_follow_the_clients_density_order(seed: int, script: list[int]) -> 
                 freed.pop(b.block_id, None)
                 untagged.discard(b.block_id)
         assert queue.num_free_blocks == len(freed) + len(untagged)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(0, 10_000),
+    st.sampled_from(STATES),
+    st.sampled_from(STATES),
+    st.lists(st.floats(0.0, 20_000.0), min_size=3, max_size=3),
+)
+def test_a_hit_on_a_lists_oldest_run_is_seen_by_the_very_next_pop(
+    seed: int, state: tuple[str, int], other: tuple[str, int], gaps: list[float]
+) -> None:
+    """The queue revalues a list's ends lazily, when an end's age bucket changes value; a
+    cache hit that takes the oldest run must revalue them itself, or a pop in the same instant
+    takes the next run at the value of the one that left."""
+    clock = Clock()
+    live = Table(table(seed))
+    queue = IACFreeBlockQueue([], table=live, clock=clock)
+    queue.reserve(3)
+    oldest, newer, elsewhere = Block(0), Block(1), Block(2)
+    freed = {}
+    for block, tagged, gap in ((oldest, state, 0.0), (elsewhere, other, gaps[0]),
+                               (newer, state, gaps[1])):  # fmt: skip
+        clock.now += gap
+        with queue.tagging(*tagged):
+            queue.append_n([block])
+        freed[block.block_id] = (tagged, clock.now)
+    clock.now += gaps[2]
+    queue._pop_density(0, [])  # what a pop revalues first: now nothing is due at this instant
+    queue.remove(oldest)
+    del freed[oldest.block_id]
+    got = queue.popleft_n(2)
+    keys = [
+        live.index.priority(*freed[b.block_id][0], clock.now - freed[b.block_id][1], 1,
+                            policy="density")
+        for b in got
+    ]  # fmt: skip
+    assert keys == sorted(keys)
 
 
 def test_a_request_leaves_in_the_order_vllm_freed_it() -> None:
