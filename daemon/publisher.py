@@ -103,7 +103,7 @@ class Publisher:
             self.store.publish_table(table)
             self._table_published_at = self._clock()
         self._report_emptied(previous, table, state.newest_event_time)
-        bounds = expiry_bounds(state, result.snapshot, self.settings.stats.rate_window_s)
+        bounds = expiry_bounds(state, result.snapshot, self.settings.stats)
         if bounds is not None:
             self.store.expire(*bounds)
         self.published.refreshed(

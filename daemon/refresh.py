@@ -13,6 +13,7 @@ from typing import Any
 
 from kvcast.daemon.settings import DaemonSettings
 from kvcast.daemon.stores import WindowState
+from kvcast.stats.config import StatsConfig
 from kvcast.stats.forecast import forecast_from_sample
 from kvcast.stats.priority import table_content_changed, table_document
 from kvcast.stats.snapshot import Snapshot, take_snapshot
@@ -93,14 +94,46 @@ def should_publish(
 
 
 def expiry_bounds(
-    state: WindowState, snapshot: Snapshot, rate_window_s: int
+    state: WindowState, snapshot: Snapshot, config: StatsConfig
 ) -> tuple[int, int] | None:
     """``(oldest window bucket to keep, oldest arrival second to keep)``, or None when nothing
-    may be expired yet (no bucket in the window, or no conversation start seen)."""
+    may be expired yet (no bucket in the window, no conversation start seen, or a partition
+    without an event time to anchor its age limit at).
+
+    The bucket bound holds for every partition's buckets, also those committed after ``state``
+    was read (other replicas commit while this one computes): the oldest bucket of the window
+    when the window is full (its newer buckets hold ``window_conversations`` already, and
+    commits only add to them), else the oldest bucket that any partition's own age limit
+    still keeps (each partition's newest event time only grows). Never "the oldest bucket the
+    read saw": a partition behind the others (loading, rebalanced, slower) may commit an older
+    one, of a conversation the window must count, in between. (Left open: a partition with no
+    bucket at the read whose events are more than ``window_max_age_s`` behind every other
+    partition's, committing its first buckets in between, loses those below the bound.)
+    """
     window = state.window
-    chosen = {id(b) for b in window.buckets_in_window(snapshot.generated_at, age_limited=False)}
-    kept = [index for index, bucket in state.window.buckets.items() if id(bucket) in chosen]
-    if not kept or not math.isfinite(state.arrivals.newest_start):
+    chosen = window.buckets_in_window(snapshot.generated_at, age_limited=False)
+    if not chosen or not math.isfinite(state.arrivals.newest_start):
         return None
-    second_before = math.floor(state.arrivals.newest_start) - rate_window_s
-    return (min(kept), second_before + 1)
+    if sum(bucket.conversations for bucket in chosen) >= config.window_conversations:
+        ids = {id(bucket) for bucket in chosen}
+        bucket_before = min(index for index, bucket in window.buckets.items() if id(bucket) in ids)
+    else:
+        anchors = list(state.partition_newest.values())
+        if not anchors or not all(math.isfinite(newest_s) for newest_s in anchors):
+            return None
+        bucket_before = min(_oldest_kept_by_age(newest_s, config) for newest_s in anchors)
+    second_before = math.floor(state.arrivals.newest_start) - config.rate_window_s
+    return (bucket_before, second_before + 1)
+
+
+def _oldest_kept_by_age(newest_s: float, config: StatsConfig) -> int:
+    """The oldest bucket index that a partition whose newest event time is ``newest_s`` keeps
+    within ``window_max_age_s`` (the cut of :func:`~kvcast.stats.window.merge_anchored`)."""
+    oldest_allowed = newest_s - config.window_max_age_s
+    index = math.floor(oldest_allowed / config.bucket_s)
+    # The floor of a quotient may round across a bucket edge: settle it on the cut's own test.
+    if (index + 1) * config.bucket_s <= oldest_allowed:  # cut: the next one is kept
+        index += 1
+    elif index * config.bucket_s > oldest_allowed:  # the one before is kept too
+        index -= 1
+    return index

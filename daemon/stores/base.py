@@ -8,7 +8,7 @@ partition (after a rebalance) can never double-count.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kvcast.stats.arrivals import ArrivalStats
@@ -39,12 +39,15 @@ class WindowState:
 
     ``window`` holds every partition's buckets cut at that partition's own age limit and then
     merged (:func:`~kvcast.stats.window.merge_anchored`): read it with ``age_limited=False``.
-    ``newest_event_time`` is the newest of all partitions (s), what the table is stamped with."""
+    ``newest_event_time`` is the newest of all partitions (s), what the table is stamped with.
+    ``partition_newest``: each partition with window buckets -> its newest event time (s) as
+    read (-inf: none), the anchors of their age limits; the expiry's bound comes from them."""
 
     window: StatsWindow
     arrivals: ArrivalStats
     counters: EventCounters
     newest_event_time: float
+    partition_newest: dict[str, float] = field(default_factory=dict)
 
 
 class StateStore(Protocol):

@@ -81,17 +81,19 @@ class MemoryStore:
     def load_window(self, config: StatsConfig) -> WindowState:
         with self._lock:
             partitions = []
+            anchors = {}
             for partition, buckets in self._buckets.items():
                 own = StatsWindow(config)
                 own.buckets = buckets  # read only: merge_anchored copies into new buckets
-                partitions.append((own, self._partitions[partition].newest_ts))
+                anchors[partition] = self._partitions[partition].newest_ts
+                partitions.append((own, anchors[partition]))
             window = merge_anchored(partitions, config)
             arrivals = ArrivalStats(config.rate_window_s)
             if self._arrivals is not None:
                 arrivals.merge(self._arrivals)
             counters = copy.deepcopy(self._counters)
             newest = max((p.newest_ts for p in self._partitions.values()), default=-math.inf)
-        return WindowState(window, arrivals, counters, newest)
+        return WindowState(window, arrivals, counters, newest, anchors)
 
     def expire(self, bucket_before: int, second_before: int) -> int:
         with self._lock:

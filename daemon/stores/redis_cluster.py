@@ -249,12 +249,14 @@ class RedisClusterStore(RedisStore):
         arrivals = ArrivalStats(config.rate_window_s)
         counters = EventCounters()
         newest = -math.inf
-        for indices, newest_ts, fetched, sums in shares:
+        anchors = {}
+        for part, (indices, newest_ts, fetched, sums) in zip(parts, shares, strict=True):
             own = StatsWindow(config)
             batches = iter(fetched)
             for index in indices:
                 own.buckets[index] = _decode_bucket(next(batches), next(batches), next(batches))
-            windows.append((own, float(newest_ts) if newest_ts is not None else -math.inf))
+            anchors[part] = float(newest_ts) if newest_ts is not None else -math.inf
+            windows.append((own, anchors[part]))
             starts, cached, inputs, meta, events = sums
             arrivals.merge(_decode_arrivals(config.rate_window_s, starts, cached, inputs, meta))
             _add_counters(counters, _decode_counters(events))
@@ -264,6 +266,7 @@ class RedisClusterStore(RedisStore):
             arrivals=arrivals,
             counters=counters,
             newest_event_time=newest,
+            partition_newest=anchors,
         )
 
     def _read_partition(self, part: str, indices: list[int]) -> tuple[Any, ...]:

@@ -425,11 +425,13 @@ class RedisStore:
         newest = float(meta.get(b"newest_ts", -math.inf))
         fetched = iter(results[:-5])
         partitions = []
-        for _, indices, newest_ts in owners:
+        anchors = {}
+        for part, indices, newest_ts in owners:
             own = StatsWindow(config)
             for index in indices:
                 own.buckets[index] = _decode_bucket(next(fetched), next(fetched), next(fetched))
-            partitions.append((own, float(newest_ts) if newest_ts is not None else -math.inf))
+            anchors[part] = float(newest_ts) if newest_ts is not None else -math.inf
+            partitions.append((own, anchors[part]))
         if legacy:
             old = StatsWindow(config)
             for index in legacy:
@@ -440,6 +442,7 @@ class RedisStore:
             arrivals=_decode_arrivals(config.rate_window_s, starts, cached, inputs, meta),
             counters=_decode_counters(counters),
             newest_event_time=newest,
+            partition_newest=anchors,
         )
 
     def expire(self, bucket_before: int, second_before: int) -> int:

@@ -225,14 +225,16 @@ def test_a_change_waits_for_the_table_interval_since_the_last_publication(
 
 
 def test_nothing_may_expire_before_any_bucket_or_conversation_start() -> None:
-    assert expiry_bounds(MemoryStore().load_window(STATS), _snapshot_of(MemoryStore()), 600) is None
+    assert (
+        expiry_bounds(MemoryStore().load_window(STATS), _snapshot_of(MemoryStore()), STATS) is None
+    )
 
     # Conversation starts seen, none completed yet: no bucket.
     started = MemoryStore()
     fill(started, STATS, workload(conversations=20, seed=3)[:30], finish=False)
     state = started.load_window(STATS)
     assert state.arrivals.start_count > 0 and not state.window.buckets
-    assert expiry_bounds(state, _snapshot_of(started), STATS.rate_window_s) is None
+    assert expiry_bounds(state, _snapshot_of(started), STATS) is None
 
     # Completed conversations, but none of their first turns seen (and no cached_tokens).
     later_turns = [
@@ -244,7 +246,7 @@ def test_nothing_may_expire_before_any_bucket_or_conversation_start() -> None:
     fill(no_starts, STATS, later_turns)
     state = no_starts.load_window(STATS)
     assert state.window.buckets and not math.isfinite(state.arrivals.newest_start)
-    assert expiry_bounds(state, _snapshot_of(no_starts), STATS.rate_window_s) is None
+    assert expiry_bounds(state, _snapshot_of(no_starts), STATS) is None
 
 
 def _snapshot_of(store: MemoryStore, config: StatsConfig = STATS):
@@ -288,7 +290,7 @@ def test_expiry_never_drops_a_bucket_in_the_window_nor_a_second_in_the_rate_wind
     fill(store, config, workload(conversations, seed, lambda0), commit_every=commit_every)
     state = store.load_window(config)
     refresh = compute_refresh(state, settings_, table_version=1)
-    bounds = expiry_bounds(state, refresh.snapshot, rate_window_s)
+    bounds = expiry_bounds(state, refresh.snapshot, config)
     assert bounds is not None
     bucket_before, second_before = bounds
     in_window = {id(b) for b in state.window.buckets_in_window(refresh.snapshot.generated_at)}
@@ -319,7 +321,7 @@ def test_expiry_drops_what_can_never_enter_the_window_again() -> None:
     fill(store, config, workload(conversations=200, seed=9))
     state = store.load_window(config)
     snapshot = _snapshot_of(store, config)
-    bounds = expiry_bounds(state, snapshot, config.rate_window_s)
+    bounds = expiry_bounds(state, snapshot, config)
     assert bounds is not None
     bucket_before, second_before = bounds
     assert min(state.window.buckets) < bucket_before  # old buckets exist and may go
@@ -329,3 +331,38 @@ def test_expiry_drops_what_can_never_enter_the_window_again() -> None:
     assert min(after.window.buckets) == bucket_before
     assert min(after.arrivals.seconds) >= second_before
     assert canonical(_snapshot_of(store, config)) == canonical(snapshot)
+
+
+def test_a_window_short_of_conversations_expires_by_each_partitions_own_age_limit() -> None:
+    """Not full (window_conversations above all there is): only the age limit expires, and a
+    partition behind the others in event time keeps what its own limit keeps."""
+    config = StatsConfig(
+        completion_timeout_s=600,
+        allowed_lateness_s=30,
+        bucket_s=30,
+        window_conversations=10_000,
+        window_max_age_s=300,
+    )
+    lines = workload(conversations=200, seed=9)
+    store = MemoryStore()
+    fill(store, config, lines, partition="p:0")
+    behind = newest_timestamp(lines) - 2_000  # p:1's events stop 2000 s earlier
+    fill(store, config, [ln for ln in lines if orjson.loads(ln)["timestamp"] <= behind],
+         partition="p:1")  # fmt: skip
+    state = store.load_window(config)
+    assert sum(b.conversations for b in state.window.buckets.values()) < 10_000
+    settings_ = DaemonSettings(stats=config, capacity_blocks=400)
+    refresh = compute_refresh(state, settings_, table_version=1)
+    bounds = expiry_bounds(state, refresh.snapshot, config)
+    assert bounds is not None
+    bucket_before, second_before = bounds
+    anchor = state.partition_newest["p:1"]
+    assert anchor == min(state.partition_newest.values())
+    assert (bucket_before + 1) * config.bucket_s > anchor - config.window_max_age_s
+    assert bucket_before * config.bucket_s <= anchor - config.window_max_age_s
+    assert store.expire(bucket_before, second_before) > 0  # p:0's old buckets and p:1's aged
+    after = store.load_window(config)
+    assert set(after.window.buckets) == set(state.window.buckets)
+    again = compute_refresh(after, settings_, table_version=1)
+    assert canonical(again.snapshot) == canonical(refresh.snapshot)
+    assert store.expire(bucket_before, second_before) == 0

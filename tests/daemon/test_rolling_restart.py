@@ -2,11 +2,12 @@
 
 Three ``kvcast run`` processes share a 6-partition topic and a Redis (real broker, real Redis).
 One is stopped and started again while events keep coming. With ``--partition-assignment
-cooperative-sticky`` (the default) the two that stayed revoke nothing and reload nothing: only
-the restarted replica loads partitions (its own, back). With ``range`` (eager rebalancing,
+cooperative-sticky`` (the default) the two that stayed keep the partitions they held: only the
+restarted replica's share moves (straight back to it, or, when it is slow to rejoin, through the
+others and then as many partitions on to it). With ``range`` (eager rebalancing,
 kafka-python's default and kvcast's before) every rebalance revokes every partition of every
-member, and the survivors reload. Either way, the statistics equal the offline reference.
-The figures (partitions reloaded by each replica, seconds to caught-up) are printed.
+member, and the survivors reload. Either way, the statistics equal the offline reference. The
+figures (partitions reloaded by each replica, seconds to caught-up) are printed.
 """
 
 from __future__ import annotations
@@ -32,20 +33,30 @@ def moves(text: str) -> dict[str, int]:
     return counts
 
 
-# Found by this test, not yet fixed: in a fresh-clone CI run (two xdist workers) the range
-# case's replicas all published a hit ratio of 0.7505 where the offline reference gives
-# 0.7507 (window_conversations and the table differ too; counters equal). It passed 4 of 4
-# runs alone. Kept visible as a known bug until the eager-rebalance path is fixed.
-RANGE_UNDER_LOAD = pytest.mark.xfail(
-    reason="range under load: published statistics differed from the reference once (bug)",
-    strict=False,
-)
+def held(text: str) -> set[str]:
+    """The partitions a replica holds at the end of its log text."""
+    holding: set[str] = set()
+    for kind, names in LINE.findall(text):
+        (holding.update if kind == "assigned" else holding.difference_update)(names.split(", "))
+    return holding
+
+
+def revoked(text: str) -> set[str]:
+    return {name for kind, names in LINE.findall(text) if kind == "revoked"
+            for name in names.split(", ")}  # fmt: skip
+
+
+# Found by this test, once in a fresh-clone CI run (two xdist workers): the range case's
+# replicas all published a hit ratio of 0.7505 where the offline reference gives 0.7507. The
+# refresher expired window buckets below the oldest one its read had seen, and a partition
+# behind the others (eager rebalancing pauses some partitions longer) committed older buckets
+# between that read and the expiry: they were deleted. Now the bound holds for buckets
+# committed in between (daemon/refresh.py expiry_bounds; tests/daemon/test_publisher.py
+# reproduces it deterministically).
 
 
 @pytest.mark.parametrize("kafka_topic", [PARTITIONS], indirect=True)
-@pytest.mark.parametrize(
-    "assignment", ["cooperative-sticky", pytest.param("range", marks=RANGE_UNDER_LOAD)]
-)
+@pytest.mark.parametrize("assignment", ["cooperative-sticky", "range"])
 def test_one_replica_restarts_and_the_others_keep_their_partitions(
     tmp_path: Path, kafka_bootstrap: str, kafka_topic: str, redis_url: str, redis_client,
     redis_namespace: str, assignment: str,
@@ -61,7 +72,7 @@ def test_one_replica_restarts_and_the_others_keep_their_partitions(
                                      redis_namespace, *flags))  # fmt: skip
     try:
         wait_stored(redis_client, redis_namespace, kafka_topic, records, 90)
-        time.sleep(3)  # the group settled: every member holds its share
+        wait_settled(replicas, 60)
         marks = [len(r.text()) for r in replicas[:2]]
         assert replicas[2].stop() == 0
         restarted_at = time.monotonic()
@@ -71,13 +82,19 @@ def test_one_replica_restarts_and_the_others_keep_their_partitions(
         produce(kafka_bootstrap, kafka_topic, lines[3000:], records)
         wait_stored(redis_client, redis_namespace, kafka_topic, records, 90)
         caught_up_s = time.monotonic() - restarted_at
-        time.sleep(2)
+        wait_settled(replicas, 60)
         survivors = [moves(r.text()[mark:]) for r, mark in zip(replicas[:2], marks, strict=True)]
         restarted = moves(replicas[2].text())
         print(f"\n{assignment}: survivors {survivors}, restarted {restarted}, "
               f"caught up {caught_up_s:.1f} s after the restart")  # fmt: skip
         if assignment == "cooperative-sticky":
-            assert all(m["revoked"] == 0 and m["assigned"] == 0 for m in survivors), survivors
+            # The two that stayed give up nothing they held before the restart. When the new
+            # process is slow to join (a loaded machine), the stopped one's partitions pass
+            # through them first, and as many move on to it (the assignor picks which).
+            for replica, mark, moved in zip(replicas[:2], marks, survivors, strict=True):
+                before, after = replica.text()[:mark], replica.text()[mark:]
+                given_up = held(before) & revoked(after)
+                assert len(given_up) <= moved["assigned"], (held(before), after)
             assert 1 <= restarted["assigned"] <= PARTITIONS // 2 + 1
         else:
             assert sum(m["revoked"] for m in survivors) >= 2, survivors  # all of theirs, twice
@@ -85,6 +102,19 @@ def test_one_replica_restarts_and_the_others_keep_their_partitions(
     finally:
         for replica in replicas:
             replica.stop()
+
+
+def wait_settled(replicas: list, timeout_s: float) -> None:
+    """Until every replica holds a share and together they hold each partition once
+    (cooperative rebalancing hands out a joining member's share in a second round)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        shares = [held(replica.text()) for replica in replicas]
+        if all(shares) and sum(map(len, shares)) == len(set().union(*shares)) == PARTITIONS:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the group did not settle: {shares}")
+        time.sleep(0.2)
 
 
 def wait_stored(client, namespace: str, topic: str, records: list, timeout_s: float) -> None:
