@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kvcast.exporters.adapters.vllm import IACFreeBlockQueue
+from kvcast.lab.bench.timing import best_in_turn
 from kvcast.stats.priority import PriorityIndex
 
 INTENTS = 31  # the taxonomy's 30 plus unknown
@@ -58,18 +59,6 @@ def _best_of(repeats: int, run: Callable[[], None]) -> float:
         started = time.perf_counter()
         run()
         best = min(best, time.perf_counter() - started)
-    return best
-
-
-def _best_of_each(rounds: int, runs: dict[str, Callable[[], None]]) -> dict[str, float]:
-    """Fastest timing of each run (seconds), the runs taken in turn each round, so that a
-    machine whose speed drifts (a shared VM) slows the candidate and its baseline alike."""
-    best = dict.fromkeys(runs, float("inf"))
-    for _ in range(rounds):
-        for name, run in runs.items():
-            started = time.perf_counter()
-            run()
-            best[name] = min(best[name], time.perf_counter() - started)
     return best
 
 
@@ -217,7 +206,7 @@ def run_client_bench(calls: int = 200_000, repeats: int = 5, seed: int = 11) -> 
         for _ in requests:
             queue.popleft_n(REQUEST_BLOCKS)
 
-    ranks = _best_of_each(repeats * 40, {"iac": rank, "lru": lru_rank, "tuples": density_rank,
+    ranks = best_in_turn(repeats * 40, {"iac": rank, "lru": lru_rank, "tuples": density_rank,
                                          "columns": density_columns_rank})  # fmt: skip
     return ClientBenchResult(
         priorities_per_s=calls / _best_of(repeats, priorities),

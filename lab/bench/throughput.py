@@ -6,12 +6,12 @@ much of the per-event budget the contract, the tracker and the window take on th
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import orjson
 
+from kvcast.lab.bench.timing import best_in_turn
 from kvcast.lab.sim.registry import simulate
 from kvcast.lab.workload.generator import generate
 from kvcast.lab.workload.presets import preset
@@ -99,15 +99,8 @@ class ThroughputResult:
 def _best_rates(
     count: int, works: dict[str, Callable[[], object]], repeats: int
 ) -> dict[str, float]:
-    """Best rate of each stage; the stages take turns in each round, so that the machine's load
-    drifting during the run biases none of them (the ratios are between stages)."""
-    best = dict.fromkeys(works, float("inf"))
-    for _ in range(repeats):
-        for name, work in works.items():
-            started = time.perf_counter()
-            work()
-            best[name] = min(best[name], time.perf_counter() - started)
-    return {name: count / seconds for name, seconds in best.items()}
+    """Best rate of each stage (per second); the stages take turns in each round."""
+    return {name: count / seconds for name, seconds in best_in_turn(repeats, works).items()}
 
 
 def run_throughput(
