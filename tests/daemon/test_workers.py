@@ -107,8 +107,11 @@ def children(pid: int) -> list[int]:
     """Child process ids of ``pid`` (Linux /proc)."""
     found = []
     for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as handle:
-            found += [int(child) for child in handle.read().split()]
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                found += [int(child) for child in handle.read().split()]
+        except FileNotFoundError:  # a thread that ended since the listing: it has none
+            continue
     return found
 
 
