@@ -63,7 +63,9 @@ def compute_refresh(state: WindowState, settings: DaemonSettings, table_version:
     forecast["computed_at"] = time.time()
     # The density policy's horizon is the forecast's T_C: engines rank with the same model.
     t_c = forecast.get("characteristic_time_s")
-    table = table_document(snapshot, config, table_version, characteristic_time_s=t_c)
+    table = table_document(
+        snapshot, config, table_version, characteristic_time_s=t_c, instances=settings.instances
+    )
     return Refresh(forecast, table, snapshot)
 
 

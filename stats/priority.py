@@ -57,7 +57,7 @@ from kvcast.stats.density import (
 
 if TYPE_CHECKING:
     from kvcast.stats.config import StatsConfig
-    from kvcast.stats.snapshot import Snapshot
+    from kvcast.stats.snapshot import SharedReuse, Snapshot
 
 __all__ = [
     "AGE_BUCKETS",
@@ -69,6 +69,7 @@ __all__ = [
     "MIN_HORIZON_S",
     "PER_OCTAVE",
     "POLICIES",
+    "SHARED_INTENT",
     "DensityCurve",
     "Priority",
     "PriorityIndex",
@@ -89,6 +90,10 @@ __all__ = [
 DEFAULT_P_CONTINUE = 0.5
 DEFAULT_MEDIAN_REUSE_S = 150.0  # seconds
 DEFAULT_MAX_TURN = 32  # the daemon's default --max-turn
+# The pseudo-intent of a block that two or more conversations share (a system prompt, a tool
+# set): under ``density`` it is valued by the table's ``shared`` law, not by its last user's
+# state. Not a taxonomy name (a colon), so no request's own intent can take it.
+SHARED_INTENT = "kvcast:shared"
 
 Priority = tuple[int, float, float]  # (recency bit, P(t+1 | i, t), size in tokens)
 DensityKey = tuple[float, float]  # (hit density per token, -age s)
@@ -107,11 +112,14 @@ def table_document(
     config: StatsConfig,
     version: int,
     characteristic_time_s: float | None = None,
+    instances: int = 1,
 ) -> dict[str, Any]:
     """The versioned table: one entry per observed (intent, turn) state, defaults filled in.
 
     ``characteristic_time_s``: the live forecast's ``T_C`` (s), the ``density`` horizon
     (None: not known yet; engines then use :data:`~this module.DEFAULT_HORIZON_S`).
+    ``instances``: engine instances behind session-affine routing; each sees the shared
+    blocks' references ``instances`` times further apart (the ``shared`` row's gaps).
     """
     t_c = characteristic_time_s
     if t_c is not None and not (math.isfinite(t_c) and t_c > 0):
@@ -128,6 +136,31 @@ def table_document(
         },  # (an optional "sigma", log-s, would replace DEFAULT_SIGMA for unfitted states)
         "characteristic_time_s": None if t_c is None else float(f"{t_c:.{TC_DIGITS}g}"),
         "states": [state.to_dict() for state in snapshot.states],
+        "shared": _shared_row(snapshot.shared, config, instances),
+    }
+
+
+def _shared_row(shared: SharedReuse | None, config: StatsConfig, instances: int) -> Any:
+    """The table's ``shared`` entry: the reuse law of blocks that two or more conversations
+    share (a state of its own for the ``density`` policy), or None where the window saw none.
+
+    ``p_continue``: the chance that a reference is followed by another; ``mu``, ``sigma``: the
+    log-normal fit of the gaps (log s) as one of ``instances`` instances sees them (stretched
+    by ``instances``, as the forecast's shared term does); ``median_reuse_s`` its median, or
+    the default where fewer than ``min_delay_samples`` gaps were seen.
+    """
+    if shared is None:
+        return None
+    mu = None if shared.mu is None else shared.mu + math.log(max(instances, 1))
+    fitted = mu is not None and shared.references >= config.min_delay_samples
+    median = math.exp(mu) if fitted and mu is not None else config.default_median_reuse_s
+    return {
+        "p_continue": shared.p_continue,
+        "median_reuse_s": median,
+        "mu": mu,
+        "sigma": shared.sigma,
+        "references": shared.references,
+        "lives": shared.lives,
     }
 
 
@@ -194,6 +227,7 @@ class PriorityIndex:
         "_default",
         "_default_law",
         "_laws",
+        "_shared_law",
         "_states",
         "_values",
         "default_median_s",
@@ -257,6 +291,7 @@ class PriorityIndex:
             laws[(intent, turn)] = _law(row, where, median, p, self._default_law[2])
         self._states = lookup
         self._laws = laws
+        self._shared_law = _shared_law(doc.get("shared"), self._default_law[2])
         # Built on first use, per state (a few hundred erfc each); a race builds one twice.
         self._curves: dict[tuple[str, int] | None, DensityCurve] = {}
         self._values: dict[tuple[str, int], list[float]] = {}  # their values, for rank()
@@ -420,9 +455,17 @@ class PriorityIndex:
 
     # -- the density policy ------------------------------------------------------------------
 
+    @property
+    def has_shared(self) -> bool:
+        """Whether the table carries the shared blocks' reuse law (its ``shared`` entry)."""
+        return self._shared_law is not None
+
     def law(self, intent: str, turn: int) -> tuple[float, float, float]:
         """``(p, mu, sigma)`` the density of a state uses: ``p`` smoothed by its
-        conversations, ``mu = log M(i, t)``, ``sigma`` of its delays or the defaults'."""
+        conversations, ``mu = log M(i, t)``, ``sigma`` of its delays or the defaults'.
+        :data:`SHARED_INTENT` (any turn): the table's ``shared`` law, else the defaults."""
+        if intent == SHARED_INTENT:
+            return self._shared_law or self._default_law
         found = self._laws.get((intent, turn))
         if found is None and turn > self.max_turn:
             found = self._laws.get((intent, self.max_turn))
@@ -430,22 +473,38 @@ class PriorityIndex:
 
     def curve(self, intent: str, turn: int) -> DensityCurve:
         """The state's :class:`DensityCurve` over this table's horizon (capping and defaults
-        as :meth:`state`; every unlisted state shares the defaults' curve)."""
+        as :meth:`state`; every unlisted state shares the defaults' curve;
+        :data:`SHARED_INTENT` gets :meth:`shared_curve`)."""
         found = self._curves.get((intent, turn))
         if found is not None:
             return found
-        key = (intent, turn)
-        if key not in self._laws and turn > self.max_turn:
-            key = (intent, self.max_turn)
-        if key in self._laws:
-            found = self._curves.get(key)
-            if found is None:
-                found = self._curves[key] = DensityCurve(*self._laws[key], self.horizon_s)
-        else:
-            found = self.default_curve()
+        found = self.shared_curve() if intent == SHARED_INTENT else self._state_curve(intent, turn)
         # Remember the (intent, turn) asked for, up to a bound: requests choose them.
         if len(self._curves) < _MAX_CURVES + len(self._laws):
             self._curves[(intent, turn)] = found
+        return found
+
+    def _state_curve(self, intent: str, turn: int) -> DensityCurve:
+        key = (intent, turn)
+        if key not in self._laws and turn > self.max_turn:
+            key = (intent, self.max_turn)
+        if key not in self._laws:
+            return self.default_curve()
+        found = self._curves.get(key)
+        if found is None:
+            found = self._curves[key] = DensityCurve(*self._laws[key], self.horizon_s)
+        return found
+
+    def shared_curve(self) -> DensityCurve:
+        """The curve of a block that other conversations share (the table's ``shared`` law;
+        the defaults' curve where the table has none)."""
+        if self._shared_law is None:
+            return self.default_curve()
+        found = self._curves.get((SHARED_INTENT, 0))
+        if found is None:
+            found = self._curves[(SHARED_INTENT, 0)] = DensityCurve(
+                *self._shared_law, self.horizon_s
+            )
         return found
 
     def default_curve(self) -> DensityCurve:
@@ -543,6 +602,24 @@ def _fast() -> tuple[Any, Any] | None:
     except ImportError:
         return None
     return numpy, numpy.array(_bucket_starts())
+
+
+def _shared_law(row: Any, default_sigma: float) -> tuple[float, float, float] | None:
+    """``(p, mu, sigma)`` of the table's ``shared`` entry (None: absent or null), ``p``
+    smoothed by the references and lives it was counted from."""
+    if row is None:
+        return None
+    if not isinstance(row, Mapping):
+        raise TableError(f"shared must be an object or null, got {type(row).__name__}")
+    counts = []
+    for name in ("references", "lives"):
+        value = row.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise TableError(f"shared: {name} must be an int >= 0, got {value!r}")
+        counts.append(value)
+    median = _median(row.get("median_reuse_s"), "shared")
+    p = _probability(row.get("p_continue"), "shared")
+    return _law({**row, "conversations": sum(counts)}, "shared", median, p, default_sigma)
 
 
 def _law(

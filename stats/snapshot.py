@@ -52,6 +52,26 @@ class StateStats:
 
 
 @dataclass(frozen=True, slots=True)
+class SharedReuse:
+    """How the window's shared blocks are reused, the ``density`` policy's law for them.
+
+    Every reference of a shared block is followed by another one after a gap (``references``
+    of them, the gaps' log-normal fit ``mu``, ``sigma`` in log seconds, block-weighted) or by
+    none: the block's life ends (``lives``, one per block that became shared). So the chance
+    that a reference is reused again is ``references / (references + lives)``.
+    """
+
+    references: int
+    lives: int
+    mu: float | None
+    sigma: float | None
+
+    @property
+    def p_continue(self) -> float:
+        return self.references / (self.references + self.lives)
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """What the window says now: table rows, the forecast's sample, and the window size."""
 
@@ -59,6 +79,7 @@ class Snapshot:
     sample: WorkloadSample
     window_conversations: int
     generated_at: float | None
+    shared: SharedReuse | None = None  # None: the window saw no shared blocks
 
 
 def _delay_columns(
@@ -144,6 +165,7 @@ def take_snapshot(
         sample=sample,
         window_conversations=total.conversations,
         generated_at=now_s,
+        shared=_shared_reuse(shared_gap_s, shared_gap_blocks, sample.total().shared_born),
     )
 
 
@@ -156,6 +178,20 @@ def _shared_gap_columns(total: Bucket) -> tuple[np.ndarray, np.ndarray]:
     blocks = np.array(flat[1::2], np.int64)
     unique, inverse = np.unique(gaps, return_inverse=True)
     return unique, np.bincount(inverse.ravel(), weights=blocks).astype(np.int64)
+
+
+def _shared_reuse(gaps_s: np.ndarray, blocks: np.ndarray, lives: float) -> SharedReuse | None:
+    """The shared blocks' reuse law from their gaps (s, one per distinct gap) and block counts."""
+    references = int(blocks.sum())
+    if references + lives <= 0:
+        return None
+    if references == 0:
+        return SharedReuse(0, int(lives), None, None)
+    log_gap = np.log(np.maximum(gaps_s, MIN_LOG_DELAY_S))
+    weights = blocks.astype(np.float64)
+    mu = float(np.dot(log_gap, weights) / references)
+    sigma = math.sqrt(max(float(np.dot((log_gap - mu) ** 2, weights)) / references, 0.0))
+    return SharedReuse(references, int(lives), mu, sigma)
 
 
 def _log_delay_fits(

@@ -158,14 +158,20 @@ class Density(_ByState):
         self.nodes = sim.layout.nodes.tolist()
         self.offs = sim.layout.offsets.tolist()
         self.conv = trace.conversation.tolist()
+        # Nodes two or more conversations used: the table's shared law values them, where
+        # the table has one (the engine-side client's SHARED_INTENT curve).
+        self.shared_nodes: set[int] = set()
+        shared_curve = self.table.shared_curve()
+        self.shared_values, self.shared_changes = shared_curve.values, shared_curve.changes()
 
     def begin(self, request: int, now: float) -> None:
-        if self.shared:
+        if self.shared or self.table.has_shared:
             c, user, other, at = self.conv[request], self.user, self.other_uses, self.other_at
-            horizon, exp = self.horizon, math.exp
+            horizon, exp, shared_nodes = self.horizon, math.exp, self.shared_nodes
             for nd in self.nodes[self.offs[request] : self.offs[request + 1]]:
                 was = user[nd]
                 if was >= 0 and was != c:
+                    shared_nodes.add(nd)
                     other[nd] = other[nd] * exp((at[nd] - now) / horizon) + 1.0
                     at[nd] = now
                 user[nd] = c
@@ -177,11 +183,13 @@ class Density(_ByState):
         r = self.req[occ]
         t_r = self.times[r]
         k = age_bucket(now - t_r)
-        value = self.curves[r][k]
-        nxt = self.change[r][k]
+        if node in self.shared_nodes and self.table.has_shared:
+            value, nxt = self.shared_values[k], self.shared_changes[k]
+        else:
+            value, nxt = self.curves[r][k], self.change[r][k]
         flip = t_r + _STARTS[nxt] if nxt < AGE_BUCKETS else None
         n = self.other_uses[node]
-        if n >= SHARED_MIN_USES:
+        if self.shared and n >= SHARED_MIN_USES:
             t0 = self.other_at[node]
             j = age_bucket(now - t0)
             value += shared_rate(n, now - t0, self.horizon)

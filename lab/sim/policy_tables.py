@@ -10,7 +10,8 @@
   rebuilt every ``refresh_s`` of event time from what has completed so far, as the daemon does.
 
 Requests become events with ``session_id`` = the conversation number, ``input_tokens`` =
-``R_j * block_size`` and the request's intent (``unknown`` without one).
+``R_j * block_size``, the request's intent (``unknown`` without one) and its ``block_hashes``
+where the trace has them (so the table carries the shared blocks' reuse law).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def intent_labels(trace: SimTrace) -> list[str]:
 def request_event(trace: SimTrace, r: int, intent: str, block_size: int) -> Event:
     """Request ``r`` of ``trace`` as a contract event (sizes from ``R_j`` blocks)."""
     conv, turn = int(trace.conversation[r]), int(trace.turn[r])
+    hashes = trace.block_hashes[r] if trace.block_hashes is not None else None
     return Event(
         session_id=str(conv),
         turn=turn,
@@ -52,6 +54,7 @@ def request_event(trace: SimTrace, r: int, intent: str, block_size: int) -> Even
         output_tokens=0,
         request_id=f"{conv}:{turn}",
         intent=intent,
+        block_hashes=None if hashes is None else list(hashes),
     )
 
 

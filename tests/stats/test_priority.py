@@ -107,8 +107,17 @@ def test_defaults_come_from_the_table() -> None:
         (lambda d: d["states"][0].update(turn=True), "turn"),
         (lambda d: d["states"][0].update(intent=3), "intent"),
         (lambda d: d.update(defaults={"p_continue": -1}), "p_continue"),
+        (lambda d: d.update(shared=[0.5]), "shared must be an object or null"),
+        (lambda d: d.update(shared={"p_continue": 2.0, "median_reuse_s": 5.0}),
+         "shared: p_continue must be in"),
+        (lambda d: d.update(shared={"p_continue": 0.9, "median_reuse_s": -1}),
+         "shared: median_reuse_s"),
+        (lambda d: d.update(shared={"p_continue": 0.9, "median_reuse_s": 5.0, "lives": -3}),
+         "shared: lives must be an int"),
+        (lambda d: d.update(shared={"p_continue": 0.9, "median_reuse_s": 5.0, "sigma": "x"}),
+         "shared: sigma"),
     ],
-)
+)  # fmt: skip
 def test_malformed_tables_are_rejected(mutate, message: str) -> None:
     doc = table(("chat", 1, 0.3, 50.0))
     mutate(doc)

@@ -272,3 +272,46 @@ def test_the_shared_part_reports_its_blocks_hits_and_rate() -> None:
     }
     with pytest.raises(ValueError, match="sharing must be one of"):
         forecast_from_sample(sample, 400, sharing="sometimes")
+
+
+def test_the_table_carries_the_shared_blocks_reuse_law() -> None:
+    """``shared`` in the table: p = references / (references + lives), the block-weighted
+    log-normal fit of the gaps, stretched by the instances; the index's shared curve uses it."""
+    from kvcast.stats.density import DensityCurve, smoothed_p
+    from kvcast.stats.priority import SHARED_INTENT, PriorityIndex, table_document
+
+    events = shared_prefix_events(400, seed=5)
+    runs = brute_force_runs(events)
+    gaps = [(g, b) for run in runs for g, b in run.gaps]
+    references, lives = sum(b for _, b in gaps), sum(r.born for r in runs)
+    logs = np.repeat(np.log(np.maximum([g for g, _ in gaps], 1e-3)), [b for _, b in gaps])
+    snapshot = engine_of(events).snapshot()
+    one, three = (table_document(snapshot, WHOLE_INPUT, 1, 60.0, n)["shared"] for n in (1, 3))
+    assert (one["references"], one["lives"]) == (references, lives) and lives > 0
+    assert one["p_continue"] == pytest.approx(references / (references + lives), rel=1e-12)
+    assert one["mu"] == pytest.approx(logs.mean(), rel=1e-9)
+    assert one["sigma"] == pytest.approx(logs.std(), rel=1e-9)
+    assert one["median_reuse_s"] == pytest.approx(np.exp(logs.mean()), rel=1e-9)
+    assert three["mu"] == pytest.approx(one["mu"] + np.log(3.0), rel=1e-12)
+    assert three["sigma"] == one["sigma"] and three["p_continue"] == one["p_continue"]
+
+    index = PriorityIndex(table_document(snapshot, WHOLE_INPUT, 1, 600.0))
+    assert index.has_shared
+    p = smoothed_p(one["p_continue"], references + lives)
+    expected = DensityCurve(p, one["mu"], one["sigma"], 600.0).values
+    assert index.curve(SHARED_INTENT, 1).values == expected
+    assert index.curve(SHARED_INTENT, 9).values == expected  # any turn: one law
+    assert index.law(SHARED_INTENT, 1) == pytest.approx((p, one["mu"], one["sigma"]))
+
+
+def test_without_block_hashes_the_table_has_no_shared_law() -> None:
+    from kvcast.stats.priority import SHARED_INTENT, PriorityIndex, table_document
+
+    events = shared_prefix_events(100, seed=1)
+    for e in events:
+        del e["block_hashes"]
+    doc = table_document(engine_of(events).snapshot(), WHOLE_INPUT, 1, 60.0)
+    assert doc["shared"] is None
+    index = PriorityIndex(doc)
+    assert not index.has_shared
+    assert index.curve(SHARED_INTENT, 1) is index.default_curve()

@@ -20,23 +20,28 @@ from kvcast.lab.sim.registry import simulate
 from kvcast.lab.sim.trace import SimTrace
 from kvcast.lab.workload.generator import generate
 from kvcast.lab.workload.presets import preset
-from kvcast.stats.priority import PriorityIndex
+from kvcast.stats.priority import SHARED_INTENT, PriorityIndex
 
 
 def reference_block_cache(trace: SimTrace, capacity: int, index: PriorityIndex) -> list[int]:
     """The block cache of ``kvcast.lab.sim.block_cache`` written the slow way: at each
     eviction the resident leaves not used by the running request are ranked by the client.
     Candidates are listed by (last request, deeper first), so that the client's stable sort
-    breaks exact ties as the simulator's key does."""
+    breaks exact ties as the simulator's key does. A block that two conversations used is
+    ranked as ``SHARED_INTENT`` where the table has the shared law."""
     layout = block_layout(trace)
     nodes, offs = layout.nodes.tolist(), layout.offsets.tolist()
     times, turns, labels = trace.timestamp.tolist(), trace.turn.tolist(), intent_labels(trace)
+    conv = trace.conversation.tolist()
+    users: dict[int, set[int]] = {}  # node -> every conversation that used it
     resident: dict[int, int] = {}  # node -> flat position of its latest use
     parent: dict[int, int] = {}
     children: dict[int, int] = {}
     out = []
     for r in range(len(trace)):
         a, b, now = offs[r], offs[r + 1], times[r]
+        for nd in nodes[a:b]:
+            users.setdefault(nd, set()).add(conv[r])
         k = a
         while k < b and nodes[k] in resident:
             k += 1
@@ -56,7 +61,9 @@ def reference_block_cache(trace: SimTrace, capacity: int, index: PriorityIndex) 
                 cands = []
                 for nd in leaves:
                     rr = int(req[resident[nd]])
-                    cands.append((labels[rr], turns[rr], now - times[rr], 1.0))
+                    shared = index.has_shared and len(users[nd]) > 1
+                    intent = SHARED_INTENT if shared else labels[rr]
+                    cands.append((intent, turns[rr], now - times[rr], 1.0))
                 victim = leaves[index.rank(cands, policy="density")[0]]
                 del resident[victim]
                 p = parent.pop(victim, -1)
@@ -117,7 +124,7 @@ def test_block_simulator_evicts_what_the_client_ranks_first(
     assert sum(got) < sum(density_block(trace, 10**6, table=index).tolist())
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
     st.lists(
         st.tuples(st.integers(0, 5), st.integers(1, 6), st.floats(0.0, 400.0)),
@@ -125,11 +132,13 @@ def test_block_simulator_evicts_what_the_client_ranks_first(
         max_size=40,
     ),
     st.integers(2, 12),
+    st.sampled_from([None, 0.99, 0.01]),
 )
 def test_block_simulator_and_client_agree_on_shared_prefixes(
-    reqs: list[tuple[int, int, float]], capacity: int
+    reqs: list[tuple[int, int, float]], capacity: int, shared_p: float | None
 ) -> None:
-    """Requests with hashed blocks from a small alphabet: prefixes shared across requests."""
+    """Requests with hashed blocks from a small alphabet: prefixes shared across requests,
+    ranked by the table's shared law where it has one (``shared_p``), else by their states."""
     hashes = [[(c * 7 + j) % 5 for j in range(n)] for c, n, _ in reqs]
     times = sorted(t for _, _, t in reqs)
     trace = SimTrace.from_columns(
@@ -147,8 +156,13 @@ def test_block_simulator_and_client_agree_on_shared_prefixes(
             {"intent": "i1", "turn": 2, "p_continue": 0.3, "median_reuse_s": 300.0,
              "mu": math.log(300.0), "sigma": 1.5, "conversations": 40, "delay_samples": 10},
         ],
+        "shared": None if shared_p is None else {
+            "p_continue": shared_p, "median_reuse_s": 2.0, "mu": math.log(2.0), "sigma": 0.5,
+            "references": 90, "lives": 10,
+        },
     }  # fmt: skip
     index = PriorityIndex(table)
+    assert index.has_shared == (shared_p is not None)
     assert density_block(trace, capacity, table=index).tolist() == reference_block_cache(
         trace, capacity, index
     )
@@ -196,3 +210,30 @@ def test_learned_table_carries_the_forecasts_characteristic_time() -> None:
         density_block(trace, 300, table=small, horizon_s=1.0),
         density_block(trace, 300, table=small, horizon_s=60.0),
     )
+
+
+@pytest.mark.parametrize(("shared_p", "prefix_hits"), [(0.99, 2), (0.01, 1)])
+def test_a_shared_prefix_is_kept_or_evicted_by_the_tables_shared_law(
+    shared_p: float, prefix_hits: int
+) -> None:
+    """Two conversations share blocks 1-2; two private requests then fill a 3-block cache.
+    A shared law that says "reused again soon" keeps the prefix for the fifth conversation;
+    one that says "rarely reused" lets it go before the private blocks of an unlikely state."""
+    hashes = [[1, 2], [1, 2], [3], [4], [1, 2]]
+    trace = SimTrace.from_columns(
+        [0, 1, 2, 3, 4], [1] * 5, [0.0, 10.0, 20.0, 30.0, 40.0], [32, 32, 16, 16, 32], 16,
+        intent=["i0"] * 5, block_hashes=hashes,
+    )  # fmt: skip
+    index = PriorityIndex(
+        {
+            "version": 1,
+            "characteristic_time_s": 600.0,
+            "states": [{"intent": "i0", "turn": 1, "p_continue": 0.05, "median_reuse_s": 100.0,
+                        "mu": math.log(100.0), "sigma": 0.5, "conversations": 200}],
+            "shared": {"p_continue": shared_p, "median_reuse_s": 100.0, "mu": math.log(100.0),
+                       "sigma": 0.5, "references": 500, "lives": 5},
+        }
+    )  # fmt: skip
+    got = density_block(trace, 3, table=index).tolist()
+    assert got == reference_block_cache(trace, 3, index)
+    assert got[:2] == [0, 2] and got[4] == prefix_hits
