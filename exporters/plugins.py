@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 from kvcast.exporters.adapters import sglang
-from kvcast.exporters.adapters.vllm import IACFreeBlockQueue, tagging_free
+from kvcast.exporters.adapters.vllm import IACFreeBlockQueue, marking_lookup, tagging_free
 from kvcast.exporters.client import TableClient
 
 __all__ = ["POLICY_ENV", "TABLE_ENV", "register_sglang", "register_vllm"]
@@ -29,8 +29,9 @@ def _client(url: str) -> TableClient:
 def register_vllm() -> None:
     """With ``KVCAST_TABLE`` set: every block pool this vLLM process builds gets an
     :class:`IACFreeBlockQueue` bound to a ``TableClient`` of that URL (refreshed in the
-    background; the first fetch waits at most its 2 s timeout), and ``KVCacheManager.free``
-    tags what a request frees with its state. Without it, nothing changes."""
+    background; the first fetch waits at most its 2 s timeout), ``KVCacheManager.free``
+    tags what a request frees with its state, and ``get_computed_blocks`` marks what a turn-1
+    request finds cached as shared. Without it, nothing changes."""
     url = os.environ.get(TABLE_ENV)
     if not url:
         return
@@ -43,6 +44,7 @@ def register_vllm() -> None:
     block_pool.FreeKVCacheBlockQueue = IACFreeBlockQueue.bound(client)
     manager = kv_cache_manager.KVCacheManager
     manager.free = tagging_free(manager.free)
+    manager.get_computed_blocks = marking_lookup(manager.get_computed_blocks)
 
 
 def register_sglang() -> None:

@@ -19,6 +19,7 @@ __all__ = [
     "TURN_KEY",
     "IACFreeBlockQueue",
     "install",
+    "marking_lookup",
     "replace_queue",
     "request_state",
     "tagging_free",
@@ -53,6 +54,26 @@ def tagging_free(free: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]
     return free_tagged
 
 
+def marking_lookup(lookup: Callable[..., Any]) -> Callable[..., Any]:
+    """``KVCacheManager.get_computed_blocks`` that marks, in a ``density`` queue, the blocks a
+    turn-1 request finds cached as shared by two conversations (a turn-1 request has no
+    history of its own, so whatever it finds another conversation left):
+    :meth:`IACFreeBlockQueue.mark_shared`."""
+
+    def lookup_marking(manager: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        found = lookup(manager, request, *args, **kwargs)
+        queue = manager.block_pool.free_block_queue
+        if isinstance(queue, IACFreeBlockQueue) and found[1] > 0:
+            intent, turn = request_state(request)
+            if intent is not None and turn == 1:
+                queue.mark_shared(found[0].blocks)
+        return found
+
+    lookup_marking.__wrapped__ = lookup  # type: ignore[attr-defined]
+    lookup_marking.__doc__ = lookup.__doc__
+    return lookup_marking
+
+
 def replace_queue(pool: Any, table: HasIndex | PriorityIndex) -> IACFreeBlockQueue:
     """Give a built vLLM ``BlockPool`` an :class:`IACFreeBlockQueue` over the blocks free now,
     in their order (so the null block, already taken, stays taken)."""
@@ -70,8 +91,10 @@ def replace_queue(pool: Any, table: HasIndex | PriorityIndex) -> IACFreeBlockQue
 
 def install(manager: Any, table: HasIndex | PriorityIndex) -> IACFreeBlockQueue:
     """Put kvcast into a built vLLM ``KVCacheManager``: its block pool's queue is replaced
-    (:func:`replace_queue`) and ``manager.free`` tags what a request frees."""
+    (:func:`replace_queue`), ``manager.free`` tags what a request frees and
+    ``manager.get_computed_blocks`` marks what a turn-1 request finds cached as shared."""
     queue = replace_queue(manager.block_pool, table)
-    bound_free = type(manager).free
-    manager.free = tagging_free(bound_free).__get__(manager)
+    cls = type(manager)
+    manager.free = tagging_free(cls.free).__get__(manager)
+    manager.get_computed_blocks = marking_lookup(cls.get_computed_blocks).__get__(manager)
     return queue

@@ -26,6 +26,14 @@ of the list: one heap holds each list's two ends (a request's blocks, freed toge
 one run), re-valued when a block's age enters a bucket of another value (a flip heap), so a
 ``popleft_n`` costs O(log states) per run it takes.
 
+Shared blocks (``density`` with a table that carries the shared blocks' reuse law): a block
+that a turn-1 request found cached is shared by two conversations (a turn-1 request has no
+history of its own; :func:`kvcast.exporters.adapters.vllm.marking_lookup` marks them with
+:meth:`IACFreeBlockQueue.mark_shared`). When freed, a request's marked blocks (its leading
+ones: a request's marked blocks are a prefix of it) wait in the list of
+``SHARED_INTENT`` instead of their request's state, valued by the table's ``shared`` law.
+A mark lasts until the block is handed out for other content.
+
 The tags live in a side table keyed by block id (vLLM's ``KVCacheBlock`` is a slots dataclass
 and takes no new attributes). Not thread-safe, like vLLM's queue: the block pool runs on the
 scheduler thread.
@@ -40,7 +48,13 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from kvcast.exporters.adapters.request_state import HasIndex, live_table, policy_of
-from kvcast.stats.priority import AGE_BUCKETS, PriorityIndex, age_bucket, bucket_start
+from kvcast.stats.priority import (
+    AGE_BUCKETS,
+    SHARED_INTENT,
+    PriorityIndex,
+    age_bucket,
+    bucket_start,
+)
 
 __all__ = ["IACFreeBlockQueue"]
 
@@ -145,6 +159,10 @@ class IACFreeBlockQueue:
         self._tags: list[tuple[_StateList, float] | None] = [None] * (
             max((block.block_id for block in blocks), default=-1) + 1
         )
+        # Per block id: 1 where a turn-1 request found the block cached (shared); _marked: any
+        # block ever marked (until then neither appending nor taking blocks looks at marks).
+        self._shared = bytearray(len(self._tags))
+        self._marked = False
         self._lists: dict[tuple[str, int] | None, _StateList] = {}
         self._by_p: list[_StateList] = []  # the state lists, least likely to continue first
         self._index: PriorityIndex | None = None  # the table the lists' values come from
@@ -165,6 +183,20 @@ class IACFreeBlockQueue:
         """Room in the side table for block ids below ``num_blocks`` (the pool's size)."""
         if num_blocks > len(self._tags):
             self._tags.extend([None] * (num_blocks - len(self._tags)))
+        if num_blocks > len(self._shared):
+            self._shared.extend(bytes(num_blocks - len(self._shared)))
+
+    def mark_shared(self, groups: Sequence[Sequence[Any]]) -> None:
+        """Mark blocks as shared by two conversations (``KVCacheBlocks.blocks``: one list of
+        blocks per KV cache group); only a ``density`` queue keeps marks."""
+        if not self._density:
+            return
+        for blocks in groups:
+            for block in blocks:
+                if block.block_id >= len(self._shared):
+                    self.reserve(block.block_id + 1)
+                self._shared[block.block_id] = 1
+                self._marked = True
 
     # -- tagging -------------------------------------------------------------------------------
 
@@ -370,6 +402,10 @@ class IACFreeBlockQueue:
         head.next_free_block, block.prev_free_block = block, head
         if len(popped) < n:
             self._pop_tagged(n - len(popped), popped)
+        if self._marked:  # handed out for other content: no longer shared
+            shared = self._shared
+            for block in popped:
+                shared[block.block_id] = 0
         return popped
 
     def _pop_tagged(self, wanted: int, popped: list[Any]) -> None:
@@ -459,21 +495,43 @@ class IACFreeBlockQueue:
                 block.prev_free_block = last_block
                 last_block.next_free_block = block
                 last_block = block
-        else:
-            tail = state_list.tail
-            now = self._clock()
-            was_empty = tail.prev_free_block is state_list.head
-            if was_empty:  # a new first block: update the bounds
-                self._stale_from = min(self._stale_from, now + state_list.median_s)
-                self._low_rank = min(self._low_rank, state_list.rank)
-            try:
-                last_block = self._link_tagged(blocks, tail, (state_list, now))
-            except IndexError:  # a block id above those the queue was built with; the links
-                self.reserve(max(block.block_id for block in blocks) + 1)  # are made again
-                last_block = self._link_tagged(blocks, tail, (state_list, now))
+            last_block.next_free_block, tail.prev_free_block = tail, last_block
+            self.num_free_blocks += len(blocks)
+            return
+        cut = self._shared_from(blocks) if self._marked else len(blocks)
+        self._append_tagged(blocks[:cut] if cut < len(blocks) else blocks, state_list)
+        if cut < len(blocks):
+            self._append_tagged(blocks[cut:], self._list_of(SHARED_INTENT, 1))
+
+    def _shared_from(self, blocks: Sequence[Any]) -> int:
+        """Where the marked blocks of a request's freed blocks (tail first) begin: its marked
+        blocks are its leading ones, the end of ``blocks``; ``len(blocks)``: none, or a table
+        without the shared law (then they stay with their request's state)."""
+        shared, cut = self._shared, len(blocks)
+        while cut and blocks[cut - 1].block_id < len(shared) and shared[blocks[cut - 1].block_id]:
+            cut -= 1
+        if cut < len(blocks) and not (self._index is not None and self._index.has_shared):
+            return len(blocks)
+        return cut
+
+    def _append_tagged(self, blocks: Sequence[Any], state_list: _StateList) -> None:
+        """Put freed blocks, in order, at the tail of a state's list."""
+        if not blocks:
+            return
+        tail = state_list.tail
+        now = self._clock()
+        was_empty = tail.prev_free_block is state_list.head
+        if was_empty:  # a new first block: update the bounds
+            self._stale_from = min(self._stale_from, now + state_list.median_s)
+            self._low_rank = min(self._low_rank, state_list.rank)
+        try:
+            last_block = self._link_tagged(blocks, tail, (state_list, now))
+        except IndexError:  # a block id above those the queue was built with; the links
+            self.reserve(max(block.block_id for block in blocks) + 1)  # are made again
+            last_block = self._link_tagged(blocks, tail, (state_list, now))
         last_block.next_free_block, tail.prev_free_block = tail, last_block
         self.num_free_blocks += len(blocks)
-        if state_list is not None and self._density:  # a new newest run
+        if self._density:  # a new newest run
             if was_empty:
                 self._push_ends(state_list, now)
             else:

@@ -435,3 +435,41 @@ def test_density_evicts_in_the_clients_density_order_in_vllms_own_pool() -> None
     assert cached[order[0]] == 0
     assert cached[order[1]] == 32  # its tail's two blocks went, its head stays reachable
     assert cached[order[2]] == 64
+
+
+@pytest.mark.parametrize(("shared_p", "prompt_kept"), [(0.99, True), (0.01, False)])
+def test_a_prompt_a_second_conversation_finds_cached_is_ranked_by_the_shared_law(
+    shared_p: float, prompt_kept: bool
+) -> None:
+    """Through vLLM's own lookup and free: a turn-1 request that finds two blocks of another
+    conversation cached marks them shared; freed, they rank by the table's shared law, the
+    rest of the request by its state, each as the client's ``priority`` says."""
+    import math
+
+    from kvcast.exporters.adapters.request_state import FixedTable
+    from kvcast.stats.priority import SHARED_INTENT
+
+    shared = {"p_continue": shared_p, "median_reuse_s": 5.0, "mu": math.log(5.0), "sigma": 0.5,
+              "references": 1000, "lives": 10}  # fmt: skip
+    index = PriorityIndex({**DENSITY_TABLE, "shared": shared})
+    clock = Clock()
+    manager = kv_cache_manager(13)  # 12 usable blocks
+    install(manager, FixedTable(index, "density"))._clock = clock
+    system = prompt(9, 2)
+    first, second = system + prompt(1, 2), system + prompt(2, 2)
+    serve(manager, request("a", first, "chitchat"))
+    clock.now_s += 1.0
+    assert serve(manager, request("b", second, "chitchat"))[1] == 32  # the prompt, cached
+    clock.now_s += 1.0
+    keys = {
+        "prompt": index.priority(SHARED_INTENT, 1, 1.0, 1, policy="density"),
+        "a": index.priority("chitchat", 1, 2.0, 1, policy="density"),
+        "b": index.priority("chitchat", 1, 1.0, 1, policy="density"),
+    }
+    lowest = min(keys, key=keys.__getitem__)
+    assert (lowest != "prompt") == prompt_kept
+    serve(manager, request("new", prompt(4, 8)))  # 6 untagged blocks, then the lowest run
+    assert cached_tokens(manager, system) == (32 if prompt_kept else 0)
+    if prompt_kept:  # the lowest request's own blocks went, the other's stayed
+        gone, kept = (second, first) if lowest == "b" else (first, second)
+        assert cached_tokens(manager, gone) == 32 and cached_tokens(manager, kept) == 64

@@ -1,7 +1,7 @@
 """kvcast's vLLM free queue under the ``density`` policy, on the block fields vLLM's
 ``KVCacheBlock`` gives it (vLLM's own classes drive it in tests/engines): it takes blocks in the
-order of the client's ``priority(..., policy="density")``, untagged blocks first, and keeps a
-request's blocks in the order vLLM freed them."""
+order of the client's ``priority(..., policy="density")``, untagged blocks first, blocks marked
+shared by the table's shared law, and keeps a request's blocks in the order vLLM freed them."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from kvcast.exporters.adapters.request_state import FixedTable
 from kvcast.exporters.adapters.vllm_queue import IACFreeBlockQueue
-from kvcast.stats.priority import PriorityIndex
+from kvcast.stats.priority import SHARED_INTENT, PriorityIndex
 
 
 class Block:
@@ -55,7 +55,15 @@ def table(seed: int, horizon_s: float = 90.0) -> PriorityIndex:
                  "sigma": rng.uniform(0.3, 2.0), "conversations": rng.randint(1, 500),
                  "delay_samples": 10}
             )  # fmt: skip
-    return PriorityIndex({"version": seed, "characteristic_time_s": horizon_s, "states": rows})
+    shared = None
+    if seed % 3:  # most tables carry the shared blocks' law
+        median = math.exp(rng.uniform(0.0, 5.0))
+        shared = {"p_continue": rng.uniform(0.3, 1.0), "median_reuse_s": median,
+                  "mu": math.log(median), "sigma": rng.uniform(0.5, 2.0),
+                  "references": rng.randint(1, 5000), "lives": rng.randint(0, 500)}  # fmt: skip
+    return PriorityIndex(
+        {"version": seed, "characteristic_time_s": horizon_s, "states": rows, "shared": shared}
+    )
 
 
 STATES = [(i, t) for i in ("code", "chat", "plan", "unlisted") for t in (1, 2, 3, 7)]
@@ -83,9 +91,16 @@ def test_pops_follow_the_clients_density_order(hits: str, seed: int, script: lis
             request = [next(fresh) for _ in range(rng.randint(1, 6))]
             if step < 40:
                 state = rng.choice(STATES)
+                # a turn-1 request's hit marks its leading blocks shared (as vLLM's lookup does)
+                marked = rng.choice((0, 0, 1, len(request)))
+                queue.mark_shared([request[:marked]])
                 with queue.tagging(*state):
                     queue.append_n(list(reversed(request)))
-                freed.update((b.block_id, (state, clock.now)) for b in request)
+                shared_state = (SHARED_INTENT, 1) if live.index.has_shared else state
+                freed.update(
+                    (b.block_id, (shared_state if k < marked else state, clock.now))
+                    for k, b in enumerate(request)
+                )
                 requests.append(request)
             else:
                 queue.append_n(list(reversed(request)))
@@ -198,3 +213,46 @@ def test_iac_queue_is_unchanged_by_the_density_code() -> None:
 def test_unknown_policy_is_refused() -> None:
     with pytest.raises(ValueError, match="policy"):
         FixedTable(PriorityIndex(None), "lru")
+
+
+def test_a_shared_mark_lasts_until_the_block_is_handed_out_for_other_content() -> None:
+    """Marked blocks go to the shared law's list; once popped (given to another request's new
+    content) the mark is gone, and the block's next free puts it under its request's state."""
+    clock = Clock()
+    index = table(1)  # carries a shared law
+    assert index.has_shared
+    queue = IACFreeBlockQueue([], table=FixedTable(index, "density"), clock=clock)
+    queue.reserve(4)
+    prompt, own = [Block(0), Block(1)], [Block(2), Block(3)]
+    queue.mark_shared([prompt])
+    with queue.tagging("chat", 1):
+        queue.append_n(list(reversed(prompt + own)))  # tail first: own blocks, then the prompt
+    lists = {state: lst for state, lst in queue._lists.items()}
+    assert set(lists) == {("chat", 1), (SHARED_INTENT, 1)}
+    assert [tag[0].state for tag in queue._tags] == [(SHARED_INTENT, 1)] * 2 + [("chat", 1)] * 2
+    assert sorted(b.block_id for b in queue.popleft_n(4)) == [0, 1, 2, 3]
+    with queue.tagging("code", 2):
+        queue.append_n(list(reversed(prompt)))  # the same blocks, holding new content
+    assert [queue._tags[b.block_id][0].state for b in prompt] == [("code", 2)] * 2
+
+
+def test_without_a_shared_law_marked_blocks_stay_with_their_requests_state() -> None:
+    index = table(3)  # no shared law
+    assert not index.has_shared
+    queue = IACFreeBlockQueue([], table=FixedTable(index, "density"), clock=Clock())
+    queue.reserve(2)
+    blocks = [Block(0), Block(1)]
+    queue.mark_shared([blocks])
+    with queue.tagging("chat", 1):
+        queue.append_n(list(reversed(blocks)))
+    assert [queue._tags[b.block_id][0].state for b in blocks] == [("chat", 1)] * 2
+
+
+def test_an_iac_queue_keeps_no_marks() -> None:
+    queue = IACFreeBlockQueue([], table=table(1), clock=Clock())
+    queue.reserve(2)
+    blocks = [Block(0), Block(1)]
+    queue.mark_shared([blocks])  # Eq. 1 knows no shared state
+    with queue.tagging("chat", 1):
+        queue.append_n(list(reversed(blocks)))
+    assert [queue._tags[b.block_id][0].state for b in blocks] == [("chat", 1)] * 2
