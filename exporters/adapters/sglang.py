@@ -18,6 +18,10 @@ What kvcast adds:
   ``req.sampling_params.custom_params`` (``kvcast_intent``, ``kvcast_turn``; the OpenAI API's
   ``custom_params``), and its release time. A request without a state leaves its path
   untagged, as does anything inserted outside a request;
+- shared nodes (``density`` with a table that carries the shared blocks' reuse law): what a
+  turn-1 request found cached (its ``cached_tokens``; a turn-1 request has no history of its
+  own) another conversation left; those nodes are marked for as long as they live and take
+  the table's ``shared`` law (``SHARED_INTENT``) instead of their last request's state;
 - :func:`build_cache`: SGLang's default cache with the two above, which
   ``--radix-cache-backend kvcast`` builds (registered by
   :func:`kvcast.exporters.plugins.register_sglang`); :func:`install` for a cache built by hand.
@@ -40,10 +44,11 @@ from math import log1p
 from typing import Any
 
 from kvcast.exporters.adapters.request_state import HasIndex, live_table, policy_of, state_from
-from kvcast.stats.priority import AGE_BUCKETS, PER_OCTAVE, PriorityIndex
+from kvcast.stats.priority import AGE_BUCKETS, PER_OCTAVE, SHARED_INTENT, PriorityIndex
 
 __all__ = [
     "BACKEND_NAME",
+    "SHARED_ATTR",
     "TAG_ATTR",
     "IACStrategy",
     "RustTreeCoreError",
@@ -56,6 +61,7 @@ log = logging.getLogger(__name__)
 
 BACKEND_NAME = "kvcast"  # --radix-cache-backend kvcast
 TAG_ATTR = "kvcast_tag"  # on a tree node: (its state, released at: strategy clock s) or None
+SHARED_ATTR = "kvcast_shared"  # on a tree node: True once a turn-1 request found it cached
 UNTAGGED = -1  # first element of an untagged node's key: below every tagged one (0 or 1)
 _MAX_STATES = 4_096  # (intent, turn) pairs valued per table: requests choose them
 _BUCKET_SCALE = PER_OCTAVE / 0.6931471805599453  # kvcast.stats.priority.age_bucket, inlined
@@ -122,28 +128,50 @@ class IACStrategy:
         return (recent, state.p, len(node.key))
 
     def tag(
-        self, node: Any, intent: str | None, turn: int, released_at: float | None = None
+        self,
+        node: Any,
+        intent: str | None,
+        turn: int,
+        released_at: float | None = None,
+        shared_tokens: int = 0,
     ) -> int:
         """Give ``node`` and its ancestors (not the root) a state; ``intent=None`` untags them.
-        ``released_at``: clock seconds, default now. Returns the number of nodes."""
-        if intent is None:
-            tag = None
-        else:
-            tag = (self._state(intent, turn), self.clock() if released_at is None else released_at)
-        count = 0
+        ``released_at``: clock seconds, default now. ``shared_tokens``: the path's first
+        tokens are shared with another conversation (under ``density``, the nodes wholly
+        inside them are marked so for as long as they live); marked nodes take the table's
+        shared law where it has one. Returns the number of nodes."""
+        now = self.clock() if released_at is None else released_at
+        tag = None if intent is None else (self._state(intent, turn), now)
+        path = []
         while node is not None and node.parent is not None:
-            setattr(node, TAG_ATTR, tag)
+            path.append(node)
             node = node.parent
-            count += 1
-        return count
+        shared_tag = None
+        if self._density:
+            if shared_tokens > 0:
+                depth = 0
+                for node in reversed(path):  # from the root down
+                    depth += len(node.key)
+                    if depth > shared_tokens:
+                        break
+                    setattr(node, SHARED_ATTR, True)
+            if self._table.index.has_shared:
+                shared_tag = (self._state(SHARED_INTENT, 1), now)
+        for node in path:
+            marked = shared_tag is not None and node.__dict__.get(SHARED_ATTR)
+            setattr(node, TAG_ATTR, shared_tag if marked else tag)
+        return len(path)
 
     def tag_request(self, cache: Any, req: Any) -> int:
-        """Tag the path a released request's tokens ended on with the request's state."""
+        """Tag the path a released request's tokens ended on with the request's state; what a
+        turn-1 request found cached (``req.cached_tokens``, its cache hit) another conversation
+        left, so it is shared."""
         node = _node_of(cache, getattr(req, "last_node", None))
         if node is None:
             return 0
         intent, turn = request_state(req)
-        return self.tag(node, intent, turn)
+        hit = getattr(req, "cached_tokens", 0) if intent is not None and turn == 1 else 0
+        return self.tag(node, intent, turn, shared_tokens=hit if isinstance(hit, int) else 0)
 
     def _state(self, intent: str, turn: int) -> _State:
         index = self._table.index

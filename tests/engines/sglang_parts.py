@@ -139,6 +139,7 @@ def serve(
     assert new is not None, "the pool is too small for this request"
     engine.rows.write((req.kv.req_pool_idx, slice(0, total)), torch.cat([prefix, new.long()]))
     req.kv.cache_protected_len = hit
+    req.cached_tokens += hit  # as ScheduleBatch.prepare_for_extend counts a request's cache hit
     req.kv.kv_committed_len = req.kv.kv_allocated_len = total
     req.output_ids = array("q", output)
     req.finished_reason = FINISH_LENGTH(length=len(output))

@@ -422,3 +422,62 @@ def test_density_every_eviction_takes_the_leaf_the_client_ranks_lowest(
         gone = [n for n in before if n not in leaves]
         assert len(gone) == 1
         assert keys[id(gone[0])] == min(keys.values())
+
+
+@pytest.mark.parametrize(("shared_p", "prompt_outlives_c"), [(0.99, True), (0.01, False)])
+def test_a_prompt_a_second_conversation_finds_cached_is_ranked_by_the_shared_law(
+    model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    shared_p: float,
+    prompt_outlives_c: bool,
+) -> None:
+    """Through SGLang's own match, release and eviction: the nodes a turn-1 request found
+    cached (its ``cached_tokens``) are marked shared and ranked by the table's shared law,
+    every other node by its last request's state, each as the client's ``priority`` says."""
+    from kvcast.exporters.adapters.sglang import SHARED_ATTR
+    from kvcast.stats.priority import SHARED_INTENT
+
+    shared = {"p_continue": shared_p, "median_reuse_s": 5.0, "mu": math.log(5.0), "sigma": 0.5,
+              "references": 1000, "lives": 10}  # fmt: skip
+    document = {**DENSITY_TABLE, "shared": shared}
+    path = tmp_path / "shared-table.json"
+    path.write_text(json.dumps(document))
+    monkeypatch.setenv("KVCAST_TABLE", str(path))
+    monkeypatch.setenv("KVCAST_POLICY", "density")
+    engine = build_engine(publish_server_args(model, "--radix-cache-backend", "kvcast"))
+    clock = strategy(engine).clock = Clock()
+    index = PriorityIndex(document)
+    system = list(range(1, 41))
+    released: dict[int, tuple[str, float]] = {}  # node -> (intent it ranks by, released at)
+    # Outputs as long as the prompts: a node's density is per token, so a short output node
+    # would outrank (and so hold in place) the prompt node above it.
+    a, _ = serve(engine, system + list(range(100, 120)), list(range(150, 180)), ("chat", 1))
+    released.update((id(n), ("chat", clock.now)) for n in engine.paths[a.rid])
+    clock.now += 1.0
+    b, hit = serve(engine, system + list(range(200, 220)), list(range(250, 280)), ("chat", 1))
+    assert hit == 40 and b.cached_tokens == 40
+    released.update((id(n), ("chat", clock.now)) for n in engine.paths[b.rid])
+    prompt_node = engine.paths[b.rid][-1]
+    assert prompt_node.__dict__.get(SHARED_ATTR) and len(prompt_node.key) == 40
+    released[id(prompt_node)] = (SHARED_INTENT, clock.now)
+    clock.now += 1.0
+    c, _ = serve(engine, list(range(300, 330)), list(range(350, 380)), ("coding", 1))
+    released.update((id(n), ("coding", clock.now)) for n in engine.paths[c.rid])
+    clock.now += 1.0
+
+    def key(node: Any) -> Any:
+        intent, at = released[id(node)]
+        return (0, *index.priority(intent, 1, clock.now - at, len(node.key), policy="density"))
+
+    gone_order = []
+    leaves = engine.cache.tree_core.evictable_device_leaves
+    while leaves:
+        before = set(leaves)
+        keys = {id(n): key(n) for n in before}
+        assert evict(engine, 1) > 0
+        gone = [n for n in before if n not in leaves]
+        assert len(gone) == 1 and keys[id(gone[0])] == min(keys.values())
+        gone_order.append(gone[0])
+    c_node = engine.paths[c.rid][-1]  # coding valued between the two shared laws
+    assert (gone_order.index(prompt_node) > gone_order.index(c_node)) == prompt_outlives_c

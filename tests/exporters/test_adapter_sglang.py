@@ -184,3 +184,38 @@ def test_density_strategy_ranks_by_the_clients_density_key() -> None:
     node = nodes[("coding", 1, 990.0)]
     assert strategy.get_priority(node) == (
         0, *live.index.priority("coding", 1, 10.0, 40, policy="density"))  # fmt: skip
+
+
+SHARED_LAW = {"p_continue": 0.95, "median_reuse_s": 5.0, "mu": 1.6094379124341003,
+              "sigma": 0.5, "references": 900, "lives": 40}  # fmt: skip
+
+
+@pytest.mark.parametrize("policy", ["density", "iac"])
+@pytest.mark.parametrize("with_law", [True, False])
+def test_nodes_wholly_inside_a_turn_1_hit_rank_by_the_shared_law(
+    policy: str, with_law: bool
+) -> None:
+    """Under density with a table carrying the shared law: the nodes within a turn-1 request's
+    cache hit (``shared_tokens``) are marked and take the client's ``SHARED_INTENT`` key,
+    also when a later request of another state passes through them; the node the hit ends
+    inside of, and the rest, keep the request's state. Otherwise nothing changes."""
+    from kvcast.exporters.adapters.sglang import SHARED_ATTR
+    from kvcast.stats.priority import SHARED_INTENT
+
+    clock = Clock(1000.0)
+    live = Table({**DENSITY_TABLE, "shared": SHARED_LAW if with_law else None})
+    live.policy = policy  # type: ignore[attr-defined]
+    strategy = IACStrategy(live, clock=clock)
+    _, first, second, third = path(3)  # 10, 20 and 30 tokens
+    strategy.tag(third, "chat", 1, released_at=990.0, shared_tokens=40)  # ends inside third
+    marked = policy == "density"
+    assert [n.__dict__.get(SHARED_ATTR, False) for n in (first, second, third)] == [
+        marked, marked, False
+    ]  # fmt: skip
+    strategy.tag(third, "coding", 2, released_at=995.0)  # turn 2: marks stay, retagged
+    index = live.index
+    for node in (first, second, third):
+        shared = marked and with_law and node is not third
+        intent, turn = (SHARED_INTENT, 1) if shared else ("coding", 2)
+        key = index.priority(intent, turn, 5.0, len(node.key), policy=policy)
+        assert strategy.get_priority(node)[-len(key) :] == key
