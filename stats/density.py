@@ -186,24 +186,6 @@ def _unimodal(values: Sequence[float], last_peak: int) -> list[float]:
     return out
 
 
-def shared_rate(recent_uses: float, since_last_s: float, horizon_s: float) -> float:
-    """Reuse rate (1/s) of a block that other conversations share, from its uses by another
-    conversation than the one before: ``recent_uses`` is their count discounted by
-    ``e^(-elapsed / H)`` up to the latest of them, ``since_last_s`` (s) the time since that
-    one; the rate is ``recent_uses e^(-since_last / H) / H`` with ``since_last_s`` valued on
-    the age grid (at its bucket's :func:`bucket_age`).
-
-    A block that many conversations reuse (a system prompt, a tool set) is reused at a rate of
-    its own, which its last user's state knows nothing of; for a Poisson stream of rate
-    ``lambda`` the hit density is ``lambda`` itself (``P = 1 - e^(-lambda H)``, ``E = P /
-    lambda``), so this rate adds to the state's density. Discounting over one horizon follows
-    a rate that changes (a document that is read for a while and then never again).
-    """
-    if recent_uses <= 0.0:
-        return 0.0
-    return recent_uses * math.exp(-bucket_age(age_bucket(since_last_s)) / horizon_s) / horizon_s
-
-
 class DensityCurve:
     """One state's hit density (per unit of size) on the age grid, for a horizon.
 

@@ -51,7 +51,6 @@ from kvcast.stats.density import (
     hit_density,
     residency,
     reuse_within,
-    shared_rate,
     smoothed_p,
 )
 
@@ -81,7 +80,6 @@ __all__ = [
     "redis_table_key",
     "residency",
     "reuse_within",
-    "shared_rate",
     "smoothed_p",
     "table_content_changed",
     "table_document",

@@ -15,7 +15,6 @@ _STYLE = {
     "IAC size=request": "C2--",
     "IAC rolling": "C3:",
     "density": "C4-",
-    "density + sharing rate": "C4:",
 }
 
 

@@ -48,7 +48,6 @@ POLICY_SET: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("IAC size=request", "iac", {"size": "request"}),
     ("IAC rolling", "iac-rolling", {}),
     ("density", "density", {}),
-    ("density + sharing rate", "density", {"shared": True}),
     ("TB+S", "tbs", {}),
 )
 # (label, policy) at conversation granularity (Algorithm 1's whole-content cache).

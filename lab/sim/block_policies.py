@@ -19,10 +19,10 @@ that request's chain (``-pos``: deeper first among equals), ``t_r`` that request
   forecast's ``T_C`` at the simulated capacity, learned with the table from the first
   ``learn_fraction`` of the trace (or ``horizon_s=`` given). The key is recomputed whenever the
   block's age enters an age bucket where its value changes (a flip time), so the heap orders
-  by the score at the time of each eviction, not an approximation of it. ``shared=True`` adds
-  to a block that other conversations reused the rate of those reuses (discounted over the
-  horizon; :func:`~kvcast.stats.priority.shared_rate`), re-valued as its age since the latest
-  of them crosses a bucket.
+  by the score at the time of each eviction, not an approximation of it. A block that a
+  second conversation used is shared: where the table carries the shared blocks' reuse law
+  (its ``shared`` entry), ``d`` is that law's (``SHARED_INTENT``), with the age since the
+  block's latest use.
 - ``tbs``: the TB+S oracle: ``(1[next_use - now < threshold_s], size, -next_use, -pos, r)``,
   ``next_use`` the time of the block's next use (``inf``: none).
 
@@ -35,7 +35,6 @@ equal states orders exactly as ``lru``: the recency bit expires in order of last
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -50,11 +49,9 @@ from kvcast.stats.priority import (
     PriorityIndex,
     age_bucket,
     bucket_start,
-    shared_rate,
 )
 
 SIZES = ("block", "request")
-SHARED_MIN_USES = 2.0  # discounted foreign uses before a block counts as shared
 INF = float("inf")
 
 
@@ -138,43 +135,34 @@ class IAC(_ByState):
 class Density(_ByState):
     """The ``density`` order over a fixed table (see the module doc)."""
 
-    def __init__(self, table: PriorityIndex, size: str = "block", shared: bool = False) -> None:
+    def __init__(self, table: PriorityIndex, size: str = "block") -> None:
         self.table = table
         self.size_mode = size
-        self.shared = shared
-        self.horizon = table.horizon_s
 
     def bind(self, sim: BlockCache) -> None:
         super().bind(sim)
         trace = sim.trace
         self.curves: list[Any] = [None] * len(trace)
         self.change: list[list[int]] = [[]] * len(trace)
-        size = sim.layout.num_nodes
-        # Per node: the conversation that used it last, its uses by another conversation than
-        # the one before (its sharing), discounted over the horizon, and the latest such use.
-        self.user = [-1] * size
-        self.other_uses = [0.0] * size
-        self.other_at = [0.0] * size
+        # Per node: the conversation that used it last; a node a second conversation used
+        # is shared, valued by the table's shared law where it has one (the engine-side
+        # client's SHARED_INTENT curve).
+        self.user = [-1] * sim.layout.num_nodes
+        self.shared_nodes: set[int] = set()
         self.nodes = sim.layout.nodes.tolist()
         self.offs = sim.layout.offsets.tolist()
         self.conv = trace.conversation.tolist()
-        # Nodes two or more conversations used: the table's shared law values them, where
-        # the table has one (the engine-side client's SHARED_INTENT curve).
-        self.shared_nodes: set[int] = set()
         shared_curve = self.table.shared_curve()
         self.shared_values, self.shared_changes = shared_curve.values, shared_curve.changes()
 
     def begin(self, request: int, now: float) -> None:
-        if self.shared or self.table.has_shared:
-            c, user, other, at = self.conv[request], self.user, self.other_uses, self.other_at
-            horizon, exp, shared_nodes = self.horizon, math.exp, self.shared_nodes
+        if self.table.has_shared:
+            c, user, shared_nodes = self.conv[request], self.user, self.shared_nodes
             for nd in self.nodes[self.offs[request] : self.offs[request + 1]]:
-                was = user[nd]
-                if was >= 0 and was != c:
-                    shared_nodes.add(nd)
-                    other[nd] = other[nd] * exp((at[nd] - now) / horizon) + 1.0
-                    at[nd] = now
-                user[nd] = c
+                if user[nd] != c:
+                    if user[nd] >= 0:
+                        shared_nodes.add(nd)
+                    user[nd] = c
         curve = self.table.curve(self.labels[request], self.turns[request])
         self.curves[request] = curve.values
         self.change[request] = curve.changes()
@@ -183,19 +171,11 @@ class Density(_ByState):
         r = self.req[occ]
         t_r = self.times[r]
         k = age_bucket(now - t_r)
-        if node in self.shared_nodes and self.table.has_shared:
+        if node in self.shared_nodes:
             value, nxt = self.shared_values[k], self.shared_changes[k]
         else:
             value, nxt = self.curves[r][k], self.change[r][k]
         flip = t_r + _STARTS[nxt] if nxt < AGE_BUCKETS else None
-        n = self.other_uses[node]
-        if self.shared and n >= SHARED_MIN_USES:
-            t0 = self.other_at[node]
-            j = age_bucket(now - t0)
-            value += shared_rate(n, now - t0, self.horizon)
-            if j + 1 < AGE_BUCKETS:
-                at = t0 + _STARTS[j + 1]
-                flip = at if flip is None or at < flip else flip
         return (value / self.sizes[r], t_r, r, self.off[r] - occ), flip
 
 
@@ -311,7 +291,6 @@ def density_block(
     table: dict[str, Any] | PriorityIndex | None = None,
     learn_fraction: float = 0.2,
     horizon_s: float | None = None,
-    shared: bool = False,
     config: StatsConfig | None = None,
     size: str = "block",
     layout: BlockLayout | None = None,
@@ -319,16 +298,14 @@ def density_block(
 ) -> NDArray[np.int64]:
     """The ``density`` policy with ``table``, or with a table (and its ``T_C`` at
     ``capacity_blocks``) learned from the first ``learn_fraction`` of the conversations;
-    ``horizon_s`` replaces the table's horizon (s). ``shared``: add the sharing rate of blocks
-    that other conversations reused (:func:`~kvcast.stats.priority.shared_rate`; an experiment
-    of the simulator, not in the engine adapters)."""
+    ``horizon_s`` replaces the table's horizon (s)."""
     if table is None:
         table = learn_table(trace, learn_fraction, config, capacity_blocks=capacity_blocks)
     if horizon_s is not None:
         doc = table.document if isinstance(table, PriorityIndex) else table
         table = {**(doc or {"version": 1}), "characteristic_time_s": float(horizon_s)}
     index = table if isinstance(table, PriorityIndex) else PriorityIndex(table)
-    return _run(trace, capacity_blocks, Density(index, size, shared), layout, progress)
+    return _run(trace, capacity_blocks, Density(index, size), layout, progress)
 
 
 def tbs_block(
