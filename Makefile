@@ -28,12 +28,13 @@ run: $(STAMP)
 
 # The integration tests use a real Redis and Kafka broker: scripts/services.sh starts what does
 # not answer yet, runs pytest, stops what it started (also on failure) and keeps pytest's status.
+# --durations: the 25 slowest tests go into the log, the first place to look when the suite grows.
 test: $(STAMP)
 	bash scripts/system_deps.sh
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	bash scripts/check_deploy.sh install
-	bash scripts/services.sh run $(BIN)/pytest $(PYTEST_ARGS)
+	bash scripts/services.sh run $(BIN)/pytest $(PYTEST_ARGS) --durations=25
 	$(MAKE) test-engines
 
 # The adapters against the engines' released wheels, each in a venv of its own

@@ -14,7 +14,10 @@ Policies (SPEC section 12): ``iac``, the tuple of SPEC Eq. 1, and ``density``, t
 of the state at the node's age over the table's horizon (``kvcast.stats.priority``). The
 client's ``policy`` (constructor; ``iac`` by default) is the one :meth:`TableClient.priority`
 and :meth:`TableClient.rank` use and the one the engine adapters rank by; a call may name
-another.
+another. A block that two or more conversations share (a system prompt, a tool set) is ranked
+under ``density`` as the intent ``SHARED_INTENT`` (any turn): the table's ``shared`` law, the
+reuse of shared blocks the daemon measured, where the table has one, else the defaults
+(``client.priority(SHARED_INTENT, 1, age_s, size_tokens, policy="density")``).
 
 Failure rule: a source that is down, slow or answers a malformed table never breaks the
 caller; the client keeps the last good table, or the defaults if it never loaded one, and
@@ -40,6 +43,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from kvcast.stats.priority import (
     POLICIES,
+    SHARED_INTENT,
     DensityKey,
     Priority,
     PriorityIndex,
@@ -48,6 +52,7 @@ from kvcast.stats.priority import (
 )
 
 __all__ = [
+    "SHARED_INTENT",
     "FileTableSource",
     "HttpTableSource",
     "RedisTableSource",

@@ -14,6 +14,7 @@ import json
 import math
 import random
 from array import array
+from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -367,6 +368,22 @@ def density_engine(model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     return engine
 
 
+def evict_lowest_first(engine: Engine, key: Callable[[Any], Any]) -> list[Any]:
+    """Empty the cache a leaf at a time through SGLang's own ``evict``, checking that each leaf
+    that goes has the lowest ``key`` of the leaves then; the leaves in the order they went."""
+    gone_order = []
+    leaves = engine.cache.tree_core.evictable_device_leaves
+    while leaves:
+        before = set(leaves)
+        keys = {id(n): key(n) for n in before}
+        assert evict(engine, 1) > 0
+        gone = [n for n in before if n not in leaves]
+        assert len(gone) == 1
+        assert keys[id(gone[0])] == min(keys.values())
+        gone_order.append(gone[0])
+    return gone_order
+
+
 @settings(
     max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -414,14 +431,7 @@ def test_density_every_eviction_takes_the_leaf_the_client_ranks_lowest(
         (intent, turn), at = last
         return (0, *index.priority(intent, turn, clock.now - at, len(node.key), policy="density"))
 
-    leaves = engine.cache.tree_core.evictable_device_leaves
-    while leaves:
-        before = set(leaves)
-        keys = {id(n): key(n) for n in before}
-        assert evict(engine, 1) > 0
-        gone = [n for n in before if n not in leaves]
-        assert len(gone) == 1
-        assert keys[id(gone[0])] == min(keys.values())
+    evict_lowest_first(engine, key)
 
 
 @pytest.mark.parametrize(("shared_p", "prompt_outlives_c"), [(0.99, True), (0.01, False)])
@@ -470,14 +480,6 @@ def test_a_prompt_a_second_conversation_finds_cached_is_ranked_by_the_shared_law
         intent, at = released[id(node)]
         return (0, *index.priority(intent, 1, clock.now - at, len(node.key), policy="density"))
 
-    gone_order = []
-    leaves = engine.cache.tree_core.evictable_device_leaves
-    while leaves:
-        before = set(leaves)
-        keys = {id(n): key(n) for n in before}
-        assert evict(engine, 1) > 0
-        gone = [n for n in before if n not in leaves]
-        assert len(gone) == 1 and keys[id(gone[0])] == min(keys.values())
-        gone_order.append(gone[0])
+    gone_order = evict_lowest_first(engine, key)
     c_node = engine.paths[c.rid][-1]  # coding valued between the two shared laws
     assert (gone_order.index(prompt_node) > gone_order.index(c_node)) == prompt_outlives_c

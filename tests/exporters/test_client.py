@@ -221,3 +221,25 @@ def test_the_clients_policy_is_what_priority_and_rank_use(tmp_path: Path) -> Non
     assert iac.rank(nodes) == density.rank(nodes, policy="iac")
     with pytest.raises(ValueError, match="policy"):
         TableClient(str(table_file), policy="lru")
+
+
+def test_a_shared_block_ranks_by_the_tables_shared_law(tmp_path: Path) -> None:
+    """``SHARED_INTENT`` under density: the table's ``shared`` law (a prompt reused every
+    second outranks a conversation's block at the same age), the defaults without one; the
+    rankings of many candidates take it as the single priorities do."""
+    from kvcast.exporters.client import SHARED_INTENT
+    from kvcast.stats.density import DensityCurve, smoothed_p
+
+    law = {"p_continue": 0.98, "median_reuse_s": 1.0, "mu": 0.0, "sigma": 1.0,
+           "references": 4900, "lives": 100}  # fmt: skip
+    table_file = tmp_path / "table.json"
+    table_file.write_text(json.dumps({**doc(2), "characteristic_time_s": 240.0, "shared": law}))
+    client = TableClient(str(table_file), refresh_s=60, policy="density")
+    client.refresh()
+    curve = DensityCurve(smoothed_p(0.98, 5000), 0.0, 1.0, 240.0)
+    assert client.priority(SHARED_INTENT, 3, 2.0, 4) == (curve.at(2.0) / 4, -2.0)
+    nodes = [("coding", 1, 2.0, 4), (SHARED_INTENT, 1, 2.0, 4), (SHARED_INTENT, 1, 9e4, 4)]
+    assert client.rank(nodes) == [2, 0, 1]  # a dead prompt, a conversation, a live prompt
+    table_file.write_text(json.dumps({**doc(3), "characteristic_time_s": 240.0}))
+    client.refresh()
+    assert client.priority(SHARED_INTENT, 1, 2.0, 4) == client.priority("unlisted", 1, 2.0, 4)
