@@ -90,7 +90,9 @@ def generated_workload(
         )
     )
     caps = (250, 500, 1000, 2000, 4000, 8000, 16000)
-    return Workload(name, desc, list(gen.events()), gen.sim_trace(), 16, caps)
+    warmup, cooldown = gen.measurement_fractions()
+    trace = gen.sim_trace()
+    return Workload(name, desc, list(gen.events()), trace, 16, caps, warmup, cooldown)
 
 
 def default_workloads(quick: bool = False) -> list[Workload]:
@@ -123,24 +125,29 @@ def run_policy_report(
         layout = block_layout(wl.trace)
         sample = sample_from_events(wl.events, wl.block_size)
         everything = int(wl.trace.blocks.sum()) + 1
+        window = (wl.warmup_fraction, wl.cooldown_fraction)
         report.unlimited[wl.name] = simulate(
-            wl.trace, everything, "lru", "block", layout=layout
+            wl.trace, everything, "lru", "block", *window, layout=layout
         ).hit_ratio
         for n in wl.capacities:
             for label, policy, options in policies:
-                res = simulate(wl.trace, n, policy, "block", layout=layout, **options)
+                res = simulate(
+                    wl.trace, n, policy, "block", *window, layout=layout,
+                    **_learning(policy, wl), **options,
+                )  # fmt: skip
                 report.policies.append(PolicyRow(wl.name, n, label, res.hit_ratio, res.elapsed_s))
                 if progress is not None:
                     progress(f"{wl.name} N={n} {label}: {res.hit_ratio:.3f}")
             for label, policy in conversation_policies:
-                res = simulate(wl.trace, n, policy, "conversation")
+                learning = _learning(policy, wl)
+                res = simulate(wl.trace, n, policy, "conversation", *window, **learning)
                 report.policies.append(
                     PolicyRow(wl.name, n, label, res.hit_ratio, res.elapsed_s, "conversation")
                 )
             conv = (
                 report.hit(wl.name, n, "LRU", "conversation")
                 if any(label == "LRU" for label, _ in conversation_policies)
-                else simulate(wl.trace, n, "lru", "conversation").hit_ratio
+                else simulate(wl.trace, n, "lru", "conversation", *window).hit_ratio
             )
             fc = forecast_from_sample(sample, n, wl.block_size)
             report.forecasts.append(
@@ -155,6 +162,11 @@ def run_policy_report(
             )
     report.elapsed_s = time.perf_counter() - start
     return report
+
+
+def _learning(policy: str, wl: Workload) -> dict[str, Any]:
+    """A learned table's history is the warm-up: never a measured conversation."""
+    return {"learn_fraction": wl.warmup_fraction} if policy in ("iac", "density") else {}
 
 
 BEGIN, END = "<!-- policy-report:begin -->", "<!-- policy-report:end -->"

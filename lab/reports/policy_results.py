@@ -19,6 +19,10 @@ class Workload:
     trace: SimTrace
     block_size: int
     capacities: tuple[int, ...]
+    # The measured conversations (and the tables' history, the warm-up): fractions of the span
+    # of first-turn times (SPEC section 4).
+    warmup_fraction: float = 0.2
+    cooldown_fraction: float = 0.2
 
 
 @dataclass(frozen=True)

@@ -163,14 +163,14 @@ def _points(
     trace: SimTrace,
     capacities: Sequence[int],
     block_size: int,
-    measured: float = 0.2,
+    measured: tuple[float, float] = (0.2, 0.2),
 ) -> list[SharingPoint]:
-    """``measured``: the warm-up and cool-down fraction of the simulation's measurement."""
+    """``measured``: the warm-up and cool-down fractions of the simulation's measurement."""
     out = []
     for n in capacities:
         forecast = forecast_from_sample(sample, n, block_size)
         estimators = forecast.estimators or {}
-        simulated = simulate(trace, n, "lru", "block", measured, measured).hit_ratio
+        simulated = simulate(trace, n, "lru", "block", *measured).hit_ratio
         out.append(
             SharingPoint(
                 workload=name,
@@ -197,7 +197,15 @@ def evaluate_preset(name: str, grid: SharingGrid) -> list[SharingPoint]:
     events = list(trace.events())
     sample = sample_from_events(events, grid.block_size)
     sample = replace(sample, lambda0=steady_rate(events, grid.duration_s))
-    return _points(name, events, sample, trace.sim_trace(), grid.capacities, grid.block_size)
+    return _points(
+        name,
+        events,
+        sample,
+        trace.sim_trace(),
+        grid.capacities,
+        grid.block_size,
+        measured=trace.measurement_fractions(),  # the roots' middle: branches run on after it
+    )
 
 
 def evaluate_mooncake(path: str, grid: SharingGrid) -> list[SharingPoint]:
@@ -218,7 +226,7 @@ def evaluate_mooncake(path: str, grid: SharingGrid) -> list[SharingPoint]:
         trace,
         grid.mooncake_capacities,
         MOONCAKE_BLOCK_SIZE,
-        measured=0.0,
+        measured=(0.0, 0.0),
     )
 
 

@@ -450,3 +450,29 @@ def test_any_sharing_model_gives_consistent_chains(
         model, lambda0=0.5, conversations=conversations, seed=seed, block_size=block_size
     )
     assert again.block_hashes() == hashes
+
+
+def test_the_measurement_window_is_the_middle_of_the_roots_arrivals() -> None:
+    """Branches start after their parents' turns, some long after the last root: the
+    fractions measure the conversations whose first turn lies in the middle 60 % of the
+    roots' arrival span, whatever the branches' tail; without branches they are 0.2 and 0.2."""
+    from kvcast.lab.sim.measurement import first_times, measured_requests
+
+    gen = generate(preset("production"), lambda0=2.0, conversations=1000, seed=7)
+    assert gen.lineage is not None
+    warmup, cooldown = gen.measurement_fractions()
+    first = first_times(gen.conversation, gen.timestamp, gen.conversations)
+    roots = gen.lineage.parent < 0
+    r_lo, r_hi = first[roots].min(), first[roots].max()
+    assert first.max() > r_hi + 0.5 * (r_hi - r_lo)  # the tail this is for
+    mask, _ = measured_requests(gen.conversation, gen.timestamp, gen.conversations, warmup,
+                                cooldown)  # fmt: skip
+    starts = first[gen.conversation[mask]]
+    assert starts.min() >= r_lo + 0.2 * (r_hi - r_lo) - 1e-6
+    assert starts.max() <= r_hi - 0.2 * (r_hi - r_lo) + 1e-6
+    middle = (first >= r_lo + 0.2 * (r_hi - r_lo) + 1e-6) & (
+        first <= r_hi - 0.2 * (r_hi - r_lo) - 1e-6
+    )
+    assert set(np.flatnonzero(middle)) <= set(gen.conversation[mask].tolist())
+    plain = generate(preset("shared_system"), lambda0=2.0, conversations=300, seed=7)
+    assert plain.measurement_fractions() == (0.2, 0.2)
