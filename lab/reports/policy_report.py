@@ -20,15 +20,18 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
 from kvcast.lab.reports.policy_plot import plot_report
 from kvcast.lab.reports.policy_results import ForecastRow, PolicyRow, Report, Workload
 from kvcast.lab.reports.validation import sample_from_events
 from kvcast.lab.sim.block_cache import block_layout
+from kvcast.lab.sim.measurement import first_times
 from kvcast.lab.sim.registry import simulate
 from kvcast.lab.sim.trace import SimTrace
 from kvcast.lab.traces import convert_mooncake
@@ -92,7 +95,20 @@ def generated_workload(
     caps = (250, 500, 1000, 2000, 4000, 8000, 16000)
     warmup, cooldown = gen.measurement_fractions()
     trace = gen.sim_trace()
-    return Workload(name, desc, list(gen.events()), trace, 16, caps, warmup, cooldown)
+    rate = window_rate(trace, warmup, cooldown)
+    return Workload(name, desc, list(gen.events()), trace, 16, caps, warmup, cooldown, rate)
+
+
+def window_rate(trace: SimTrace, warmup: float, cooldown: float) -> float:
+    """Conversation starts per second within the measured window of first-turn times: the
+    rate a daemon measures in steady traffic (branches' late tail and the empty start left
+    out, as the sharing validation's ``steady_rate`` does)."""
+    first = first_times(trace.conversation, trace.timestamp, trace.conversations)
+    first = first[np.isfinite(first)]
+    lo, hi = float(first.min()), float(first.max())
+    start, end = lo + warmup * (hi - lo), hi - cooldown * (hi - lo)
+    inside = np.count_nonzero((first >= start) & (first <= end))
+    return inside / (end - start) if end > start else 0.0
 
 
 def default_workloads(quick: bool = False) -> list[Workload]:
@@ -124,6 +140,8 @@ def run_policy_report(
         report.workloads[wl.name] = wl.description
         layout = block_layout(wl.trace)
         sample = sample_from_events(wl.events, wl.block_size)
+        if wl.lambda0 is not None:
+            sample = replace(sample, lambda0=wl.lambda0)
         everything = int(wl.trace.blocks.sum()) + 1
         window = (wl.warmup_fraction, wl.cooldown_fraction)
         report.unlimited[wl.name] = simulate(

@@ -23,6 +23,9 @@ class Workload:
     # of first-turn times (SPEC section 4).
     warmup_fraction: float = 0.2
     cooldown_fraction: float = 0.2
+    # Conversation starts per second over the measured window, for the forecast rows (None:
+    # the statistics' own rate over the whole input).
+    lambda0: float | None = None
 
 
 @dataclass(frozen=True)

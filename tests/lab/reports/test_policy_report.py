@@ -84,3 +84,33 @@ def test_json_round_trip_and_bench_rows() -> None:
         ("policies: density, w N=100", "0.300", "0.200 (LRU), 0.250 (IAC), 0.500 (TB+S)",
          "1.500x LRU")
     ]  # fmt: skip
+
+
+def test_a_branching_preset_is_measured_and_its_rate_taken_over_the_roots_middle() -> None:
+    """The report's window for `production` (branches): the roots' middle 60 %, every policy
+    (and the learned tables' history) on it, and the forecast's rate the starts per second
+    inside it, not the whole input's (which a branches' tail of hours would dilute)."""
+    import numpy as np
+
+    from kvcast.lab.sim.measurement import first_times, measured_requests
+    from kvcast.lab.sim.registry import simulate
+
+    wl = generated_workload("production", lambda0=2.0, conversations=600, seed=3)
+    trace = wl.trace
+    assert wl.warmup_fraction < 0.2 and wl.cooldown_fraction > 0.2
+    first = first_times(trace.conversation, trace.timestamp, trace.conversations)
+    lo, hi = first.min(), first.max()
+    start = lo + wl.warmup_fraction * (hi - lo)
+    end = hi - wl.cooldown_fraction * (hi - lo)
+    assert wl.lambda0 == pytest.approx(np.count_nonzero((first >= start) & (first <= end))
+                                       / (end - start))  # fmt: skip
+    whole = trace.conversations / (hi - lo)
+    assert wl.lambda0 > 1.5 * whole  # the tail: few starts over a long time
+    mask, _ = measured_requests(trace.conversation, trace.timestamp, trace.conversations,
+                                wl.warmup_fraction, wl.cooldown_fraction)  # fmt: skip
+    report = run_policy_report(
+        [replace(wl, capacities=(300,))], (("LRU", "lru", {}),), conversation_policies=()
+    )
+    lru = simulate(trace, 300, "lru", "block", wl.warmup_fraction, wl.cooldown_fraction)
+    assert report.hit(wl.name, 300, "LRU") == lru.hit_ratio
+    assert lru.measured_requests == int(mask.sum()) > len(trace) // 3
