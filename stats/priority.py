@@ -24,18 +24,15 @@ horizon being the table's ``characteristic_time_s`` (the live forecast's ``T_C``
 ``(density, -age_s)``: equal densities (the same state and age bucket) evict the older first.
 
 This module imports only the standard library (the engine-side client imports it); the two
-density rankings of many candidates import numpy on first use where it is installed (the bucket
-search and the sort) and run in pure Python where it is not, with the same result.
+density rankings of many candidates (:mod:`kvcast.stats.ranking`) import numpy on first use
+where it is installed (the bucket search and the sort) and run in pure Python where it is not,
+with the same result.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from operator import getitem, truediv
-from struct import error as StructError
-from struct import pack
 from typing import TYPE_CHECKING, Any
 
 from kvcast.stats.density import (
@@ -53,6 +50,7 @@ from kvcast.stats.density import (
     reuse_within,
     smoothed_p,
 )
+from kvcast.stats.ranking import BUCKET_SCALE, FAST_MIN_TUPLES, rank_columns, rank_rows
 
 if TYPE_CHECKING:
     from kvcast.stats.config import StatsConfig
@@ -365,64 +363,23 @@ class PriorityIndex:
         in numpy; any input it cannot take exactly (a non-finite age or key, a zero size, a
         short column) goes the pure-Python way, which gives the same order or error.
         """
-        n = len(ages_s)
-        fast = _fast() if n >= _FAST_MIN else None
-        if fast is not None:
-            np, starts = fast
-            try:
-                ages = np.frombuffer(pack(f"{n}d", *ages_s))
-                buckets = starts.searchsorted(ages, "right").tolist()
-                keys = np.frombuffer(pack(f"{n}d", *map(getitem, curves, buckets)))
-                if sizes is not None:
-                    divisors = np.frombuffer(pack(f"{n}d", *sizes))
-                    with np.errstate(over="ignore"):  # inf, as in Python (then refused below)
-                        keys = keys / divisors if np.count_nonzero(divisors) == n else None
-            except (TypeError, ValueError, IndexError, OverflowError, StructError):
-                keys = None
-            if keys is not None and math.isfinite(np.maximum.reduce(ages)):  # no NaN, no inf
-                order = _order(np, keys)
-                if order is not None:
-                    return order.tolist()
-        scale, last, log1p = _BUCKET_SCALE, AGE_BUCKETS - 1, math.log1p
-        values = [
-            curve[(k if (k := int(log1p(age) * scale)) < last else last) if age > 0.0 else 0]
-            for curve, age in zip(curves, ages_s, strict=False)  # as many as the shortest
-        ]
-        if sizes is not None:
-            values = list(map(truediv, values, sizes))
-        return sorted(range(len(values)), key=values.__getitem__)
+        return rank_columns(curves, ages_s, sizes)
 
     def _rank_density(self, candidates: Iterable[tuple[str, int, float, float]]) -> list[int]:
         rows = candidates if isinstance(candidates, (list, tuple)) else list(candidates)
-        n = len(rows)
-        fast = _fast() if n >= _FAST_MIN_TUPLES else None
-        if fast is not None:
-            np, starts = fast
+        if len(rows) >= FAST_MIN_TUPLES:  # numpy's way where it can (None: it cannot)
             try:
                 intents, turns, ages_s, sizes = zip(*rows, strict=True)
                 values = list(map(self._values.get, zip(intents, turns, strict=True)))
                 if not all(values):  # states not met yet: their curves (built, remembered)
                     for j in [j for j, found in enumerate(values) if found is None]:
                         values[j] = self._curve_values(intents[j], turns[j])
-                ages = np.frombuffer(pack(f"{n}d", *ages_s))
-                divisors = np.frombuffer(pack(f"{n}d", *sizes))
-                buckets = starts.searchsorted(ages, "right").tolist()
-                keys = np.frombuffer(pack(f"{n}d", *map(getitem, values, buckets)))
-            except (TypeError, ValueError, IndexError, OverflowError, StructError):
-                keys = None
-            if keys is not None and np.count_nonzero(divisors) == n:
-                with np.errstate(over="ignore"):
-                    keys = keys / divisors
-                order = _order(np, keys) if math.isfinite(np.maximum.reduce(ages)) else None
-                if order is not None:  # equal densities: the older first
-                    ranked = keys[order]
-                    tied = ranked[1:] == ranked[:-1]
-                    ties = np.count_nonzero(tied)
-                    if not ties:
-                        return order.tolist()
-                    if ties > n >> 4:
-                        return np.lexsort((-ages, keys)).tolist()
-                    return _older_first(order.tolist(), tied.nonzero()[0].tolist(), ages_s)
+            except (TypeError, ValueError):
+                pass  # the Python ranking raises what it must
+            else:
+                order = rank_rows(values, ages_s, sizes)
+                if order is not None:
+                    return order
         return self._rank_density_python(rows)
 
     def _curve_values(self, intent: str, turn: int) -> list[float]:
@@ -438,7 +395,7 @@ class PriorityIndex:
         """The reference ranking (and the one without numpy): key ``(curve value at the
         age's bucket / size, -age)``, a stable sort."""
         get, curve, log1p = self._curves.get, self.curve, math.log1p
-        scale, last = _BUCKET_SCALE, AGE_BUCKETS - 1
+        scale, last = BUCKET_SCALE, AGE_BUCKETS - 1
         keys: list[tuple[float, float]] = []
         append = keys.append
         for intent, turn, age_s, size in candidates:
@@ -537,69 +494,12 @@ class PriorityIndex:
             return (1 if age_s < found[0] else 0, found[1], size_tokens)
         if policy == "density":
             curve = self._curves.get((intent, turn)) or self.curve(intent, turn)
-            k = int(math.log1p(age_s) * _BUCKET_SCALE) if age_s > 0.0 else 0
+            k = int(math.log1p(age_s) * BUCKET_SCALE) if age_s > 0.0 else 0
             return (curve.values[k if k < AGE_BUCKETS else AGE_BUCKETS - 1] / size_tokens, -age_s)
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
 
 
-_BUCKET_SCALE = PER_OCTAVE / math.log(2.0)  # the age grid of age_bucket
 _MAX_CURVES = 65_536  # unlisted (intent, turn) pairs remembered per table
-# Candidates from which the rankings go through numpy (below: its calls cost more than it saves)
-_FAST_MIN, _FAST_MIN_TUPLES = 64, 96
-_INF_BITS = 0x7FF0000000000000  # the bits of float("inf"): finite floats >= 0 lie below
-
-
-def _bucket_starts() -> list[float]:
-    """For each bucket ``k >= 1`` of :func:`age_bucket`, the smallest age (a float) in it or
-    above: ``age_bucket(a) == k`` exactly for ``starts[k - 1] <= a < starts[k]`` (``a`` finite),
-    so that a binary search gives the bucket without a ``log1p``. From :func:`bucket_start`,
-    moved to the float where ``int(log1p(a) * scale)`` turns (``log1p`` is rounded)."""
-    starts = []
-    for k in range(1, AGE_BUCKETS):
-        age = bucket_start(k)
-        while age_bucket(age) >= k:
-            age = math.nextafter(age, -math.inf)
-        while age_bucket(age) < k:
-            age = math.nextafter(age, math.inf)
-        starts.append(age)
-    return starts
-
-
-def _order(np: Any, keys: Any) -> Any:
-    """A stable argsort of float ``keys`` through their bits (the order of the floats where all
-    are finite and >= 0, and faster to sort); None where one is not (NaN, an infinity, a
-    negative or -0.0: the Python way then)."""
-    bits = keys.view(np.int64)
-    order = bits.argsort(kind="stable")
-    if len(order) and (bits[order[0]] < 0 or bits[order[-1]] >= _INF_BITS):
-        return None
-    return order
-
-
-def _older_first(order: list[int], tied: list[int], ages_s: Sequence[float]) -> list[int]:
-    """``order`` (a stable sort on the density) with each run of equal densities sorted oldest
-    first, stably: ``tied`` holds the positions ``p`` where ``order[p]`` ties ``order[p + 1]``."""
-    runs: list[list[int]] = []
-    for p in tied:
-        if runs and runs[-1][1] == p + 1:
-            runs[-1][1] = p + 2
-        else:
-            runs.append([p, p + 2])
-    age = ages_s.__getitem__
-    for start, stop in runs:
-        order[start:stop] = sorted(order[start:stop], key=lambda j: -age(j))
-    return order
-
-
-@functools.cache
-def _fast() -> tuple[Any, Any] | None:
-    """numpy and :func:`_bucket_starts` as an array, imported on first use (the engine-side
-    client must load without numpy); None where numpy is not installed."""
-    try:
-        import numpy
-    except ImportError:
-        return None
-    return numpy, numpy.array(_bucket_starts())
 
 
 def _shared_law(row: Any, default_sigma: float) -> tuple[float, float, float] | None:

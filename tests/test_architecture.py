@@ -10,10 +10,10 @@ are resolved; ``from X import name`` is an import of ``X.name`` when that is a m
    network, processes or files: :data:`STATS_NO_IO`).
 2. The engine-side client (``kvcast.exporters.client``, ``kvcast.exporters.adapters``) imports
    only the standard library and, among kvcast modules, ``kvcast.stats.priority`` and the
-   ``kvcast.stats.density`` it builds on (plus its own package); lazily imported optional
-   clients are allowed one by one in :data:`LAZY_THIRD_PARTY`. What those imports run at
-   import time (``kvcast.stats.priority``, the ``__init__`` of the parent packages) is held to
-   the same rule.
+   ``kvcast.stats.density`` and ``kvcast.stats.ranking`` it builds on (plus its own package);
+   lazily imported optional clients are allowed one by one in :data:`LAZY_THIRD_PARTY`. What
+   those imports run at import time (``kvcast.stats.priority``, the ``__init__`` of the parent
+   packages) is held to the same rule.
 3. Downward only: :data:`FORBIDDEN` (the daemon never imports the lab or the CLI, ...).
 4. No import cycle among kvcast modules.
 5. Every ``__init__.py`` only re-exports (a docstring, imports, ``__all__``).
@@ -111,7 +111,7 @@ CLIENT_SIDE = (
     "kvcast.exporters.plugins",
     "kvcast.producer",  # runs in the serving stack too: a router, a proxy
 )
-CLIENT_KVCAST = ("kvcast.stats.priority", "kvcast.stats.density")
+CLIENT_KVCAST = ("kvcast.stats.priority", "kvcast.stats.density", "kvcast.stats.ranking")
 # The engines' entry points glue the other two units together; nothing else may.
 CLIENT_GLUE = {"kvcast.exporters.plugins": ("kvcast.exporters.client", "kvcast.exporters.adapters")}
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import kvcast.stats.priority as priority_module
+import kvcast.stats.ranking as ranking
 from kvcast.stats.priority import AGE_BUCKETS, PriorityIndex, TableError, age_bucket, bucket_start
 
 
@@ -196,14 +196,14 @@ def reference_tuples(index: PriorityIndex, candidates: list[tuple[str, int, floa
 @contextlib.contextmanager
 def without_numpy() -> Iterator[None]:
     """The rankings as an engine without numpy runs them (the pure-Python way)."""
-    saved, priority_module._fast = priority_module._fast, lambda: None
+    saved, ranking.fast = ranking.fast, lambda: None
     try:
         yield
     finally:
-        priority_module._fast = saved
+        ranking.fast = saved
 
 
-STARTS = priority_module._bucket_starts()
+STARTS = ranking.bucket_starts()
 # Ages where the bucket turns (exactly, and as bucket_start says), and one float to each side:
 # an off-by-one shows there.
 TURNS_AT = STARTS + [bucket_start(k) for k in range(AGE_BUCKETS)]
