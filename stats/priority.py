@@ -148,7 +148,7 @@ def _shared_row(shared: SharedReuse | None, config: StatsConfig, instances: int)
     if shared is None:
         return None
     mu = None if shared.mu is None else shared.mu + math.log(max(instances, 1))
-    fitted = mu is not None and shared.references >= config.min_delay_samples
+    fitted = shared.references >= config.min_delay_samples
     median = math.exp(mu) if fitted and mu is not None else config.default_median_reuse_s
     return {
         "p_continue": shared.p_continue,

@@ -63,7 +63,7 @@ def marking_lookup(lookup: Callable[..., Any]) -> Callable[..., Any]:
     def lookup_marking(manager: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         found = lookup(manager, request, *args, **kwargs)
         queue = manager.block_pool.free_block_queue
-        if isinstance(queue, IACFreeBlockQueue) and found[1] > 0:
+        if isinstance(queue, IACFreeBlockQueue) and queue.keeps_marks and found[1] > 0:
             intent, turn = request_state(request)
             if intent is not None and turn == 1:
                 queue.mark_shared(found[0].blocks)

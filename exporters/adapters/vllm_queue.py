@@ -186,6 +186,11 @@ class IACFreeBlockQueue:
         if num_blocks > len(self._shared):
             self._shared.extend(bytes(num_blocks - len(self._shared)))
 
+    @property
+    def keeps_marks(self) -> bool:
+        """Whether :meth:`mark_shared` does anything: only a ``density`` queue ranks by them."""
+        return self._density
+
     def mark_shared(self, groups: Sequence[Sequence[Any]]) -> None:
         """Mark blocks as shared by two conversations (``KVCacheBlocks.blocks``: one list of
         blocks per KV cache group); only a ``density`` queue keeps marks."""

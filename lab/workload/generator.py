@@ -395,8 +395,9 @@ class Trace:
         arrive in 2,617 s and their first turns, branches included, span 16,311 s: 33
         conversations fell in its middle 60 %). Without branches: ``(warmup, cooldown)``.
         """
-        first = np.full(self.conversations, np.inf)
-        np.minimum.at(first, self.conversation, self.timestamp)
+        from kvcast.lab.sim.measurement import first_times
+
+        first = first_times(self.conversation, self.timestamp, self.conversations)
         seen = np.isfinite(first)
         roots = seen if self.lineage is None else seen & (self.lineage.parent < 0)
         if not roots.any() or np.array_equal(roots, seen):  # no branch: the plain fractions
