@@ -193,7 +193,7 @@ class DensityCurve:
     doc). ``at(age_s)`` is one ``log1p`` and one list index.
     """
 
-    __slots__ = ("_changes", "horizon_s", "mu", "p", "sigma", "values")
+    __slots__ = ("_changes", "_drops", "horizon_s", "mu", "p", "sigma", "values")
 
     def __init__(self, p: float, mu: float, sigma: float, horizon_s: float) -> None:
         self.p, self.mu, self.sigma, self.horizon_s = p, mu, max(sigma, MIN_SIGMA), horizon_s
@@ -202,6 +202,7 @@ class DensityCurve:
         # narrow delays would otherwise rank its blocks higher the longer they sit).
         self.values: list[float] = _unimodal(raw, age_bucket(math.exp(mu + _Z99 * self.sigma)))
         self._changes: list[int] | None = None
+        self._drops: list[int] | None = None
 
     def changes(self) -> list[int]:
         """For each bucket, the next bucket whose value differs (``AGE_BUCKETS``: none): when a
@@ -212,6 +213,21 @@ class DensityCurve:
             for k in range(len(values) - 2, -1, -1):
                 found[k] = k + 1 if values[k + 1] != values[k] else found[k + 1]
             self._changes = found
+        return found
+
+    def drops(self) -> list[int]:
+        """For each bucket, the next bucket of a lower value (``AGE_BUCKETS``: none). Until then
+        a block's value is at least the one it had: a key that only rises may be revalued
+        lazily, when it reaches the front of a heap (built once per curve)."""
+        found = self._drops
+        if found is None:
+            values, found = self.values, [AGE_BUCKETS] * len(self.values)
+            waiting: list[int] = []  # buckets whose drop is not found yet, values non-decreasing
+            for j, value in enumerate(values):
+                while waiting and values[waiting[-1]] > value:
+                    found[waiting.pop()] = j
+                waiting.append(j)
+            self._drops = found
         return found
 
     def at(self, age_s: float) -> float:

@@ -17,14 +17,24 @@ one state blocks leave in the order they were freed (a request's tail first), so
 operation is O(1) per block plus one pass over the table's states per ``popleft_n``; the table
 is read once per freed request, never per block.
 
+A state's list is a chain of *runs*, one per freed request: a run head (a node that is not a
+block, carrying the run's list and the time it was freed) followed by the request's blocks.
+The run heads are also chained to each other, so a list's oldest and newest runs are one step
+from its ends. Blocks carry nothing of kvcast's (vLLM's ``KVCacheBlock`` is a slots dataclass
+and takes no new attributes): a block's state and age are its run head's, and taking or
+putting back a block costs what it costs in vLLM's own list plus one test (is the next node a
+block?).
+
 Under the ``density`` policy (the table's client ranks by it: ``TableClient(..., policy=
 "density")``) the tagged blocks go lowest hit density first (``kvcast.stats.priority``), the
 key of ``PriorityIndex.priority(..., policy="density")`` with the size of one block: the
 density of the state at the age since the block was freed, ties oldest first. A state's
 density is unimodal in age and its list is ordered by age, so its lowest block is at one end
 of the list: one heap holds each list's two ends (a request's blocks, freed together, move as
-one run), re-valued when a block's age enters a bucket of another value (a flip heap), so a
-``popleft_n`` costs O(log states) per run it takes.
+one run). An end's key is revalued when its age enters a bucket of a lower value (a flip
+heap, on time) and, where the value has risen instead, when the stale key (a lower bound)
+reaches the front of the heap; so a ``popleft_n`` costs O(log states) per run it takes, and
+a young end, whose value rises, costs no flips.
 
 Shared blocks (``density`` with a table that carries the shared blocks' reuse law): a block
 that a turn-1 request found cached is shared by two conversations (a turn-1 request has no
@@ -34,9 +44,8 @@ ones: a request's marked blocks are a prefix of it) wait in the list of
 ``SHARED_INTENT`` instead of their request's state, valued by the table's ``shared`` law.
 A mark lasts until the block is handed out for other content.
 
-The tags live in a side table keyed by block id (vLLM's ``KVCacheBlock`` is a slots dataclass
-and takes no new attributes). Not thread-safe, like vLLM's queue: the block pool runs on the
-scheduler thread.
+The shared marks live in a side table keyed by block id. Not thread-safe, like vLLM's queue:
+the block pool runs on the scheduler thread.
 """
 
 from __future__ import annotations
@@ -67,28 +76,76 @@ _STARTS = [bucket_start(k) * (1 + 1e-12) + 1e-9 for k in range(AGE_BUCKETS)]
 
 
 class _Link:
-    """A list end: the two link fields vLLM's blocks carry, and no block id of the pool."""
+    """A node of a free list that is not a block: a list's two ends, or a run head (the first
+    node of a run: the blocks one request freed into a state's list)."""
 
-    __slots__ = ("block_id", "next_free_block", "prev_free_block")
+    __slots__ = (
+        "block_id",
+        "freed_at",
+        "next_free_block",
+        "next_run",
+        "owner",
+        "prev_free_block",
+        "prev_run",
+    )
 
-    def __init__(self) -> None:
-        self.block_id = -1
+    def __init__(self, owner: _StateList | None = None, freed_at: float = 0.0) -> None:
+        self.block_id = -1  # no block of the pool: how a walk knows it left a run
+        self.owner = owner  # a run head's state list; None at a list's ends
+        self.freed_at = freed_at  # a run head's: when its request freed it (clock s)
         self.prev_free_block: Any = None
         self.next_free_block: Any = None
+        self.prev_run: _Link | None = None  # the run heads' own chain (ends included)
+        self.next_run: _Link | None = None
 
 
 def _empty_list() -> tuple[_Link, _Link]:
     head, tail = _Link(), _Link()
     head.next_free_block, tail.prev_free_block = tail, head
+    head.next_run, tail.prev_run = tail, head
     return head, tail
 
 
+def _take_run(run: _Link, wanted: int, popped: list[Any]) -> int:
+    """Unlink up to ``wanted`` blocks of a run, oldest first, into ``popped``; return how many
+    are still wanted. A run left empty is unlinked too, and its ``owner`` set to None."""
+    block = run.next_free_block
+    while wanted and block.block_id >= 0:
+        following = block.next_free_block
+        block.prev_free_block = block.next_free_block = None
+        popped.append(block)
+        wanted -= 1
+        block = following
+    if block.block_id >= 0:  # blocks left: the run stays
+        run.next_free_block, block.prev_free_block = block, run
+    else:
+        _drop_run(run, block)
+    return wanted
+
+
+def _drop_run(run: _Link, after: Any) -> None:
+    """Unlink an empty run's head (``after``: the node that follows it)."""
+    before = run.prev_free_block
+    before.next_free_block, after.prev_free_block = after, before
+    prev_run, next_run = run.prev_run, run.next_run
+    assert prev_run is not None and next_run is not None
+    prev_run.next_run, next_run.prev_run = next_run, prev_run
+    run.owner = run.prev_free_block = run.next_free_block = run.prev_run = run.next_run = None
+
+
+def _run_blocks(run: _Link) -> Iterator[Any]:
+    block = run.next_free_block
+    while block.block_id >= 0:
+        yield block
+        block = block.next_free_block
+
+
 class _StateList:
-    """The free blocks of one table state, oldest first, and the state's table values."""
+    """The free blocks of one table state, in runs, oldest first, and the state's values."""
 
     __slots__ = (
-        "change",
         "curve",
+        "drop",
         "epochs",
         "head",
         "median_s",
@@ -101,12 +158,12 @@ class _StateList:
 
     def __init__(self, state: tuple[str, int] | None) -> None:
         self.state = state  # None: the table's defaults (unlisted intents)
-        self.head, self.tail = _empty_list()
+        self.head, self.tail = _empty_list()  # runs chain through next_run, oldest first
         self.median_s = 0.0
         self.p = 0.0
         self.rank = 0  # position in the queue's lists by p
         self.curve: list[float] = []  # density by age bucket (policy density)
-        self.change: list[int] = []  # per bucket, the next bucket of another value
+        self.drop: list[int] = []  # per bucket, the next bucket of a lower value
         self.epochs = [0, 0]  # per end: density candidates of another epoch are stale
         self.serial = 0  # creation order: the density tie-break between lists
 
@@ -148,20 +205,17 @@ class IACFreeBlockQueue:
             table = PriorityIndex(None)
         self._table: HasIndex = live_table(table)
         self._density = policy_of(self._table) == "density"
-        # density: (value, freed at, serial, end, epoch, list) and (when, serial, end, epoch, list)
+        # density: (value, freed at, serial, end, epoch, list, run head) and (when, serial, end,
+        # epoch, list)
         self._heap: list[tuple[Any, ...]] = []
         self._flips: list[tuple[Any, ...]] = []
+        self._heap_limit = 1024  # entries, stale ones included, before a compaction
         self._clock = clock
         self.num_free_blocks = 0
         self.fake_free_list_head, self.fake_free_list_tail = _empty_list()
-        # Per block id: (its state's list, freed at: clock s) while the block waits in a state's
-        # list, else None; so untagged blocks move exactly as in the stock queue.
-        self._tags: list[tuple[_StateList, float] | None] = [None] * (
-            max((block.block_id for block in blocks), default=-1) + 1
-        )
         # Per block id: 1 where a turn-1 request found the block cached (shared); _marked: any
         # block ever marked (until then neither appending nor taking blocks looks at marks).
-        self._shared = bytearray(len(self._tags))
+        self._shared = bytearray(max((block.block_id for block in blocks), default=-1) + 1)
         self._marked = False
         self._lists: dict[tuple[str, int] | None, _StateList] = {}
         self._by_p: list[_StateList] = []  # the state lists, least likely to continue first
@@ -180,9 +234,7 @@ class IACFreeBlockQueue:
         return type(cls.__name__, (cls,), {"_bound_table": table, "__module__": cls.__module__})
 
     def reserve(self, num_blocks: int) -> None:
-        """Room in the side table for block ids below ``num_blocks`` (the pool's size)."""
-        if num_blocks > len(self._tags):
-            self._tags.extend([None] * (num_blocks - len(self._tags)))
+        """Room in the marks' side table for block ids below ``num_blocks`` (the pool's size)."""
         if num_blocks > len(self._shared):
             self._shared.extend(bytes(num_blocks - len(self._shared)))
 
@@ -202,6 +254,16 @@ class IACFreeBlockQueue:
                     self.reserve(block.block_id + 1)
                 self._shared[block.block_id] = 1
                 self._marked = True
+
+    def state_of(self, block: Any) -> tuple[str, int] | None:
+        """The table state whose list a free block waits in (None: the defaults' list);
+        ``KeyError`` for a block that is not in a state's list (untagged, or not free)."""
+        node = block.prev_free_block
+        while node is not None and node.block_id >= 0:
+            node = node.prev_free_block
+        if node is None or node.owner is None:
+            raise KeyError(f"block {block.block_id} waits in no state's list")
+        return node.owner.state
 
     # -- tagging -------------------------------------------------------------------------------
 
@@ -280,105 +342,92 @@ class IACFreeBlockQueue:
             state_list.median_s, state_list.p = index.state(*state_list.state)
             curve = index.curve(*state_list.state) if self._density else None
         if curve is not None:
-            state_list.curve, state_list.change = curve.values, curve.changes()
+            state_list.curve, state_list.drop = curve.values, curve.drops()
 
     # -- density: each list's two end runs in one heap -------------------------------------------
 
     def _push_ends(self, state_list: _StateList, now: float) -> None:
         """Make the list's candidates current: its oldest run and, if another, its newest."""
-        state_list.epochs[_HEAD] += 1
-        state_list.epochs[_TAIL] += 1
-        if len(self._heap) > 8 * len(self._by_p) + 1024:  # mostly stale entries: drop them
-            self._heap = [e for e in self._heap if e[4] == e[5].epochs[e[3]]]
-            self._flips = [f for f in self._flips if f[3] == f[4].epochs[f[2]]]
-            heapq.heapify(self._heap)
-            heapq.heapify(self._flips)
-        first = state_list.head.next_free_block
-        if first is state_list.tail:
+        self._push_end(state_list, _HEAD, now)
+        self._push_end(state_list, _TAIL, now)
+
+    def _push_end(self, state_list: _StateList, end: int, now: float) -> None:
+        """Make one end's candidate current: the run at that end, valued at its age now. A
+        list of one run has only a head candidate."""
+        epochs = state_list.epochs
+        epochs[end] += 1
+        run = state_list.head.next_run
+        if run is state_list.tail:  # empty: neither end stands for a run
+            epochs[_TAIL - end] += 1
             return
-        tags = self._tags
-        head_tag = tags[first.block_id]
-        self._push_end(state_list, head_tag, _HEAD, now)
-        tail_tag = tags[state_list.tail.prev_free_block.block_id]
-        if tail_tag is not head_tag:
-            self._push_end(state_list, tail_tag, _TAIL, now)
-
-    def _push_tail(self, state_list: _StateList, now: float) -> None:
-        """A new newest run behind a head run that stays: only the tail candidate changes."""
-        state_list.epochs[_TAIL] += 1
-        tags = self._tags
-        tail_tag = tags[state_list.tail.prev_free_block.block_id]
-        if tail_tag is not tags[state_list.head.next_free_block.block_id]:
-            self._push_end(state_list, tail_tag, _TAIL, now)
-
-    def _push_end(
-        self, state_list: _StateList, tag: tuple[_StateList, float], end: int, now: float
-    ) -> None:
-        freed_at = tag[1]
+        last = state_list.tail.prev_run
+        if last is run:  # one run
+            if end == _TAIL:
+                return
+            epochs[_TAIL] += 1
+        elif end == _TAIL:
+            run = last
+        assert run is not None
+        if len(self._heap) > self._heap_limit:
+            self._compact()
+        freed_at = run.freed_at
         k = age_bucket(now - freed_at)
-        epoch, serial = state_list.epochs[end], state_list.serial
-        heapq.heappush(self._heap, (state_list.curve[k], freed_at, serial, end, epoch, state_list))
-        later = state_list.change[k]
+        epoch, serial = epochs[end], state_list.serial
+        entry = (state_list.curve[k], freed_at, serial, end, epoch, state_list, run)
+        heapq.heappush(self._heap, entry)
+        later = state_list.drop[k]
         if later < AGE_BUCKETS:
             flip = (freed_at + _STARTS[later], serial, end, epoch, state_list)
             heapq.heappush(self._flips, flip)
 
+    def _compact(self) -> None:
+        """Drop the stale entries (of an older epoch) that the heaps are mostly made of."""
+        self._heap = [e for e in self._heap if e[4] == e[5].epochs[e[3]]]
+        self._flips = [f for f in self._flips if f[3] == f[4].epochs[f[2]]]
+        heapq.heapify(self._heap)
+        heapq.heapify(self._flips)
+        self._heap_limit = 8 * len(self._by_p) + 1024
+
     def _pop_density(self, wanted: int, popped: list[Any]) -> None:
         """Take ``wanted`` tagged blocks, lowest density first (a run at a time)."""
         now = self._clock()
-        tags = self._tags
-        # self._heap and self._flips are read anew each time: _push_ends may compact them.
-        while self._flips and self._flips[0][0] <= now:
+        # self._heap and self._flips are read anew each time: _push_end may compact them.
+        while self._flips and self._flips[0][0] <= now:  # keys that fell: revalued on time
             _, _, end, epoch, state_list = heapq.heappop(self._flips)
             if epoch == state_list.epochs[end]:
-                self._push_ends(state_list, now)
+                self._push_end(state_list, end, now)
         while wanted:
             if not self._heap:
                 raise RuntimeError("num_free_blocks is out of sync with the free lists")
-            _, _, _, end, epoch, state_list = heapq.heappop(self._heap)
+            entry = heapq.heappop(self._heap)
+            value, freed_at, _, end, epoch, state_list, run = entry
             if epoch != state_list.epochs[end]:
                 continue
-            if end == _HEAD:
-                block = state_list.head.next_free_block
-            else:  # the newest run starts where the tag changes, walking back from the tail
-                block = state_list.tail.prev_free_block
-                run = tags[block.block_id]
-                while block.prev_free_block is not state_list.head and (
-                    tags[block.prev_free_block.block_id] is run
-                ):
-                    block = block.prev_free_block
-            run = tags[block.block_id]
-            before = block.prev_free_block
-            while wanted and block is not state_list.tail and tags[block.block_id] is run:
-                following = block.next_free_block
-                block.prev_free_block = block.next_free_block = None
-                tags[block.block_id] = None
-                popped.append(block)
-                wanted -= 1
-                block = following
-            before.next_free_block, block.prev_free_block = block, before
-            self._push_ends(state_list, now)
+            if state_list.curve[age_bucket(now - freed_at)] != value:
+                self._push_end(state_list, end, now)  # it rose: the key was a lower bound
+                continue
+            wanted = _take_run(run, wanted, popped)
+            if run.owner is None:  # the run is gone: the end it was at has another
+                self._push_end(state_list, end, now)
+            else:  # wanted is 0: the rest of the run stays, its key unchanged
+                heapq.heappush(self._heap, entry)
 
     def _density_order(self) -> Iterator[Any]:
         """The tagged blocks in the order :meth:`_pop_density` takes them, taking nothing:
         a list's lowest run is at one of its ends, so taking the lowest end run until none is
         left orders all runs by their key."""
         now = self._clock()
-        tags = self._tags
-        runs: list[tuple[tuple[float, float, int], list[Any]]] = []
+        runs: list[tuple[tuple[float, float, int], _Link]] = []
         for state_list in self._by_p:
-            block = state_list.head.next_free_block
-            while block is not state_list.tail:
-                tag = tags[block.block_id]
-                blocks = []
-                while block is not state_list.tail and tags[block.block_id] is tag:
-                    blocks.append(block)
-                    block = block.next_free_block
-                value = state_list.curve[age_bucket(now - tag[1])]
-                runs.append(((value, tag[1], state_list.serial), blocks))
+            run = state_list.head.next_run
+            while run is not state_list.tail:
+                assert run is not None
+                value = state_list.curve[age_bucket(now - run.freed_at)]
+                runs.append(((value, run.freed_at, state_list.serial), run))
+                run = run.next_run
         runs.sort(key=lambda item: item[0])
-        for _, blocks in runs:
-            yield from blocks
+        for _, run in runs:
+            yield from _run_blocks(run)
 
     # -- vLLM's FreeKVCacheBlockQueue ------------------------------------------------------------
 
@@ -443,27 +492,19 @@ class IACFreeBlockQueue:
     def _take(
         self, state_list: _StateList, wanted: int, popped: list[Any], now: float | None
     ) -> tuple[int, float]:
-        """Unlink up to ``wanted`` blocks from the list's head into ``popped``; with ``now``
-        (clock s), only blocks past their median then. Returns what is still wanted and when
-        the list's new first block passes its median (inf: none, or no ``now``)."""
-        tags = self._tags
-        head, tail, median_s = state_list.head, state_list.tail, state_list.median_s
-        block = head.next_free_block
-        due = math.inf
-        while wanted and block is not tail:
-            if now is not None:
-                due = tags[block.block_id][1] + median_s
-                if due > now:
-                    break
-                due = math.inf
-            following = block.next_free_block
-            block.prev_free_block = block.next_free_block = None
-            tags[block.block_id] = None
-            popped.append(block)
-            wanted -= 1
-            block = following
-        head.next_free_block, block.prev_free_block = block, head
-        return wanted, due
+        """Unlink up to ``wanted`` blocks from the list's oldest runs into ``popped``; with
+        ``now`` (clock s), only blocks past their median then. Returns what is still wanted and
+        when the list's new first block passes its median (inf: none, or no ``now``)."""
+        tail, median_s = state_list.tail, state_list.median_s
+        run = state_list.head.next_run
+        while wanted and run is not tail:
+            assert run is not None
+            if now is not None and run.freed_at + median_s > now:
+                return wanted, run.freed_at + median_s
+            following = run.next_run
+            wanted = _take_run(run, wanted, popped)
+            run = following
+        return wanted, math.inf
 
     def remove(self, block: Any) -> None:
         """Remove a block in the free list (a cache hit) and reduce num_free_blocks by 1."""
@@ -472,16 +513,14 @@ class IACFreeBlockQueue:
             raise RuntimeError(f"remove() called on an invalid block: {block}")
         prev_block.next_free_block, next_block.prev_free_block = next_block, prev_block
         block.prev_free_block = block.next_free_block = None
-        if block.block_id < len(self._tags):
-            tag = self._tags[block.block_id]
-            self._tags[block.block_id] = None
-            if (
-                tag is not None
-                and self._density
-                and (isinstance(prev_block, _Link) or isinstance(next_block, _Link))
-            ):  # an end of its state's list moved: its candidates again
-                self._push_ends(tag[0], self._clock())
         self.num_free_blocks -= 1
+        state_list = prev_block.owner if prev_block.block_id < 0 else None
+        if state_list is not None and next_block.block_id < 0:  # the last block of its run
+            at_head = prev_block.prev_run is state_list.head
+            at_tail = prev_block.next_run is state_list.tail
+            _drop_run(prev_block, next_block)
+            if self._density and (at_head or at_tail):  # an end of the list has another run
+                self._push_ends(state_list, self._clock())
 
     def append(self, block: Any) -> None:
         """Put a block back into the free list and increase num_free_blocks by 1."""
@@ -520,41 +559,45 @@ class IACFreeBlockQueue:
         return cut
 
     def _append_tagged(self, blocks: Sequence[Any], state_list: _StateList) -> None:
-        """Put freed blocks, in order, at the tail of a state's list."""
+        """Put freed blocks, in order, at the tail of a state's list: a new run."""
         if not blocks:
             return
-        tail = state_list.tail
         now = self._clock()
-        was_empty = tail.prev_free_block is state_list.head
+        tail = state_list.tail
+        last_run = tail.prev_run
+        assert last_run is not None
+        was_empty = last_run is state_list.head
         if was_empty:  # a new first block: update the bounds
             self._stale_from = min(self._stale_from, now + state_list.median_s)
             self._low_rank = min(self._low_rank, state_list.rank)
-        try:
-            last_block = self._link_tagged(blocks, tail, (state_list, now))
-        except IndexError:  # a block id above those the queue was built with; the links
-            self.reserve(max(block.block_id for block in blocks) + 1)  # are made again
-            last_block = self._link_tagged(blocks, tail, (state_list, now))
-        last_block.next_free_block, tail.prev_free_block = tail, last_block
-        self.num_free_blocks += len(blocks)
-        if self._density:  # a new newest run
-            if was_empty:
-                self._push_ends(state_list, now)
-            else:
-                self._push_tail(state_list, now)
-
-    def _link_tagged(
-        self, blocks: Sequence[Any], tail: _Link, tag: tuple[_StateList, float]
-    ) -> Any:
-        """Tag ``blocks`` and chain them after the list's last block; return the new last one
-        (``tail`` itself is linked by the caller, so a second call redoes the same links)."""
-        tags = self._tags
+        run = _Link(state_list, now)
+        run.prev_run, run.next_run = last_run, tail
+        last_run.next_run = tail.prev_run = run
         last_block = tail.prev_free_block
+        last_block.next_free_block, run.prev_free_block = run, last_block
+        last_block = run
         for block in blocks:
-            tags[block.block_id] = tag
             block.prev_free_block = last_block
             last_block.next_free_block = block
             last_block = block
-        return last_block
+        last_block.next_free_block, tail.prev_free_block = tail, last_block
+        self.num_free_blocks += len(blocks)
+        if not self._density:
+            return
+        if was_empty:
+            self._push_end(state_list, _HEAD, now)
+            return
+        # A new newest run behind others, of age 0: _push_end(state_list, _TAIL, now) unrolled
+        # (this runs once per freed request).
+        if len(self._heap) > self._heap_limit:
+            self._compact()
+        state_list.epochs[_TAIL] += 1
+        epoch, serial = state_list.epochs[_TAIL], state_list.serial
+        entry = (state_list.curve[0], now, serial, _TAIL, epoch, state_list, run)
+        heapq.heappush(self._heap, entry)
+        later = state_list.drop[0]
+        if later < AGE_BUCKETS:
+            heapq.heappush(self._flips, (now + _STARTS[later], serial, _TAIL, epoch, state_list))
 
     def prepend_n(self, blocks: Sequence[Any]) -> None:
         """Put blocks holding no cache at the front of the free list (reused first, as stock)."""
@@ -598,19 +641,19 @@ class IACFreeBlockQueue:
             yield from self._density_order()
             return
         now = self._clock()
-        tags = self._tags
-        resume: dict[int, Any] = {}
+        resume: dict[int, _Link] = {}
         for state_list in self._by_p:
-            block = state_list.head.next_free_block
-            while (
-                block is not state_list.tail
-                and tags[block.block_id][1] + state_list.median_s <= now
-            ):
-                yield block
-                block = block.next_free_block
-            resume[id(state_list)] = block
+            run = state_list.head.next_run
+            while run is not state_list.tail:
+                assert run is not None
+                if run.freed_at + state_list.median_s > now:
+                    break
+                yield from _run_blocks(run)
+                run = run.next_run
+            resume[id(state_list)] = run
         for state_list in self._by_p:
-            block = resume[id(state_list)]
-            while block is not state_list.tail:
-                yield block
-                block = block.next_free_block
+            run = resume[id(state_list)]
+            while run is not state_list.tail:
+                assert run is not None
+                yield from _run_blocks(run)
+                run = run.next_run

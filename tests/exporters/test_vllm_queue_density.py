@@ -229,11 +229,11 @@ def test_a_shared_mark_lasts_until_the_block_is_handed_out_for_other_content() -
         queue.append_n(list(reversed(prompt + own)))  # tail first: own blocks, then the prompt
     lists = {state: lst for state, lst in queue._lists.items()}
     assert set(lists) == {("chat", 1), (SHARED_INTENT, 1)}
-    assert [tag[0].state for tag in queue._tags] == [(SHARED_INTENT, 1)] * 2 + [("chat", 1)] * 2
+    assert [queue.state_of(b) for b in prompt + own] == [(SHARED_INTENT, 1)] * 2 + [("chat", 1)] * 2
     assert sorted(b.block_id for b in queue.popleft_n(4)) == [0, 1, 2, 3]
     with queue.tagging("code", 2):
         queue.append_n(list(reversed(prompt)))  # the same blocks, holding new content
-    assert [queue._tags[b.block_id][0].state for b in prompt] == [("code", 2)] * 2
+    assert [queue.state_of(b) for b in prompt] == [("code", 2)] * 2
 
 
 def test_without_a_shared_law_marked_blocks_stay_with_their_requests_state() -> None:
@@ -245,7 +245,7 @@ def test_without_a_shared_law_marked_blocks_stay_with_their_requests_state() -> 
     queue.mark_shared([blocks])
     with queue.tagging("chat", 1):
         queue.append_n(list(reversed(blocks)))
-    assert [queue._tags[b.block_id][0].state for b in blocks] == [("chat", 1)] * 2
+    assert [queue.state_of(b) for b in blocks] == [("chat", 1)] * 2
 
 
 def test_an_iac_queue_keeps_no_marks() -> None:
@@ -255,4 +255,19 @@ def test_an_iac_queue_keeps_no_marks() -> None:
     queue.mark_shared([blocks])  # Eq. 1 knows no shared state
     with queue.tagging("chat", 1):
         queue.append_n(list(reversed(blocks)))
-    assert [queue._tags[b.block_id][0].state for b in blocks] == [("chat", 1)] * 2
+    assert [queue.state_of(b) for b in blocks] == [("chat", 1)] * 2
+
+
+def test_state_of_names_the_list_a_free_block_waits_in() -> None:
+    queue = IACFreeBlockQueue([Block(0)], table=FixedTable(table(3), "density"), clock=Clock())
+    queue.reserve(4)
+    tagged = [Block(1), Block(2), Block(3)]
+    with queue.tagging("plan", 2):
+        queue.append_n(tagged)
+    assert [queue.state_of(b) for b in tagged] == [("plan", 2)] * 3
+    with pytest.raises(KeyError, match="block 0 waits in no state's list"):
+        queue.state_of(queue.fake_free_list_head.next_free_block)  # untagged
+    taken = queue.popleft_n(2)  # the untagged block, then the run's first
+    with pytest.raises(KeyError, match="block 1 waits in no state's list"):
+        queue.state_of(taken[1])  # no longer free
+    assert [queue.state_of(b) for b in tagged[1:]] == [("plan", 2)] * 2

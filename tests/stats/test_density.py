@@ -115,12 +115,24 @@ def test_raw_score_decays_with_age_past_the_delays(p, mu, sigma, horizon, past, 
 
 @settings(max_examples=60, deadline=None)
 @given(probabilities, mus, sigmas, horizons)
-def test_curve_never_rises_past_the_delays(p, mu, sigma, horizon) -> None:
+def test_a_curve_knows_where_its_value_changes_and_where_it_drops(p, mu, sigma, horizon) -> None:
+    """What a cached block's key needs to be recomputed: eagerly at a change, or (a key that
+    only rises being a lower bound) lazily until the next drop."""
     curve = DensityCurve(p, mu, sigma, horizon)
     assert curve.changes() == [
         next((j for j in range(k + 1, AGE_BUCKETS) if curve.values[j] != curve.values[k]),
              AGE_BUCKETS) for k in range(AGE_BUCKETS)
     ]  # fmt: skip
+    assert curve.drops() == [
+        next((j for j in range(k + 1, AGE_BUCKETS) if curve.values[j] < curve.values[k]),
+             AGE_BUCKETS) for k in range(AGE_BUCKETS)
+    ]  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None)
+@given(probabilities, mus, sigmas, horizons)
+def test_curve_never_rises_past_the_delays(p, mu, sigma, horizon) -> None:
+    curve = DensityCurve(p, mu, sigma, horizon)
     start = age_bucket(math.exp(mu + 2.33 * sigma))
     tail = curve.values[start:]
     assert all(a >= b for a, b in pairwise(tail))
