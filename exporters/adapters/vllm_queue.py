@@ -17,24 +17,16 @@ one state blocks leave in the order they were freed (a request's tail first), so
 operation is O(1) per block plus one pass over the table's states per ``popleft_n``; the table
 is read once per freed request, never per block.
 
-A state's list is a chain of *runs*, one per freed request: a run head (a node that is not a
-block, carrying the run's list and the time it was freed) followed by the request's blocks.
-The run heads are also chained to each other, so a list's oldest and newest runs are one step
-from its ends. Blocks carry nothing of kvcast's (vLLM's ``KVCacheBlock`` is a slots dataclass
-and takes no new attributes): a block's state and age are its run head's, and taking or
-putting back a block costs what it costs in vLLM's own list plus one test (is the next node a
-block?).
+A state's list is a chain of *runs*, one per freed request, each behind a run head that
+carries its list and the time it was freed (:mod:`kvcast.exporters.adapters.vllm_lists`):
+blocks carry nothing of kvcast's (vLLM's ``KVCacheBlock`` is a slots dataclass and takes no
+new attributes), and taking or putting back a block costs what it costs in vLLM's own list
+plus one test (is the next node a block?).
 
 Under the ``density`` policy (the table's client ranks by it: ``TableClient(..., policy=
-"density")``) the tagged blocks go lowest hit density first (``kvcast.stats.priority``), the
-key of ``PriorityIndex.priority(..., policy="density")`` with the size of one block: the
-density of the state at the age since the block was freed, ties oldest first. A state's
-density is unimodal in age and its list is ordered by age, so its lowest block is at one end
-of the list: one heap holds each list's two ends (a request's blocks, freed together, move as
-one run). An end's key is revalued when its age enters a bucket of a lower value (a flip
-heap, on time) and, where the value has risen instead, when the stale key (a lower bound)
-reaches the front of the heap; so a ``popleft_n`` costs O(log states) per run it takes, and
-a young end, whose value rises, costs no flips.
+"density")``) the tagged blocks go lowest hit density first, the key of
+``PriorityIndex.priority(..., policy="density")`` with the size of one block, from a heap over
+the lists' ends (:mod:`kvcast.exporters.adapters.vllm_density`): O(log states) per run taken.
 
 Shared blocks (``density`` with a table that carries the shared blocks' reuse law): a block
 that a turn-1 request found cached is shared by two conversations (a turn-1 request has no
@@ -50,122 +42,28 @@ the block pool runs on the scheduler thread.
 
 from __future__ import annotations
 
-import heapq
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from kvcast.exporters.adapters.request_state import HasIndex, live_table, policy_of
-from kvcast.stats.priority import (
-    AGE_BUCKETS,
-    SHARED_INTENT,
-    PriorityIndex,
-    age_bucket,
-    bucket_start,
+from kvcast.exporters.adapters.vllm_density import HEAD, DensityHeap, density_order
+from kvcast.exporters.adapters.vllm_lists import (
+    Link,
+    StateList,
+    append_run,
+    drop_run,
+    empty_list,
+    run_blocks,
+    take_run,
 )
+from kvcast.stats.priority import SHARED_INTENT, PriorityIndex
 
 __all__ = ["IACFreeBlockQueue"]
 
 _MAX_RESOLVED = 65_536  # (intent, turn) pairs remembered per table: requests choose them
 _MAX_LISTS = 4_096  # state lists; the table's own states always get theirs
-_HEAD, _TAIL = 0, 1  # the ends of a state list a density candidate stands for
-# Where each age bucket's value takes over (s), nudged so that rounding never leaves a block in
-# the bucket before at its flip time.
-_STARTS = [bucket_start(k) * (1 + 1e-12) + 1e-9 for k in range(AGE_BUCKETS)]
-
-
-class _Link:
-    """A node of a free list that is not a block: a list's two ends, or a run head (the first
-    node of a run: the blocks one request freed into a state's list)."""
-
-    __slots__ = (
-        "block_id",
-        "freed_at",
-        "next_free_block",
-        "next_run",
-        "owner",
-        "prev_free_block",
-        "prev_run",
-    )
-
-    def __init__(self, owner: _StateList | None = None, freed_at: float = 0.0) -> None:
-        self.block_id = -1  # no block of the pool: how a walk knows it left a run
-        self.owner = owner  # a run head's state list; None at a list's ends
-        self.freed_at = freed_at  # a run head's: when its request freed it (clock s)
-        self.prev_free_block: Any = None
-        self.next_free_block: Any = None
-        self.prev_run: _Link | None = None  # the run heads' own chain (ends included)
-        self.next_run: _Link | None = None
-
-
-def _empty_list() -> tuple[_Link, _Link]:
-    head, tail = _Link(), _Link()
-    head.next_free_block, tail.prev_free_block = tail, head
-    head.next_run, tail.prev_run = tail, head
-    return head, tail
-
-
-def _take_run(run: _Link, wanted: int, popped: list[Any]) -> int:
-    """Unlink up to ``wanted`` blocks of a run, oldest first, into ``popped``; return how many
-    are still wanted. A run left empty is unlinked too, and its ``owner`` set to None."""
-    block = run.next_free_block
-    while wanted and block.block_id >= 0:
-        following = block.next_free_block
-        block.prev_free_block = block.next_free_block = None
-        popped.append(block)
-        wanted -= 1
-        block = following
-    if block.block_id >= 0:  # blocks left: the run stays
-        run.next_free_block, block.prev_free_block = block, run
-    else:
-        _drop_run(run, block)
-    return wanted
-
-
-def _drop_run(run: _Link, after: Any) -> None:
-    """Unlink an empty run's head (``after``: the node that follows it)."""
-    before = run.prev_free_block
-    before.next_free_block, after.prev_free_block = after, before
-    prev_run, next_run = run.prev_run, run.next_run
-    assert prev_run is not None and next_run is not None
-    prev_run.next_run, next_run.prev_run = next_run, prev_run
-    run.owner = run.prev_free_block = run.next_free_block = run.prev_run = run.next_run = None
-
-
-def _run_blocks(run: _Link) -> Iterator[Any]:
-    block = run.next_free_block
-    while block.block_id >= 0:
-        yield block
-        block = block.next_free_block
-
-
-class _StateList:
-    """The free blocks of one table state, in runs, oldest first, and the state's values."""
-
-    __slots__ = (
-        "curve",
-        "drop",
-        "epochs",
-        "head",
-        "median_s",
-        "p",
-        "rank",
-        "serial",
-        "state",
-        "tail",
-    )
-
-    def __init__(self, state: tuple[str, int] | None) -> None:
-        self.state = state  # None: the table's defaults (unlisted intents)
-        self.head, self.tail = _empty_list()  # runs chain through next_run, oldest first
-        self.median_s = 0.0
-        self.p = 0.0
-        self.rank = 0  # position in the queue's lists by p
-        self.curve: list[float] = []  # density by age bucket (policy density)
-        self.drop: list[int] = []  # per bucket, the next bucket of a lower value
-        self.epochs = [0, 0]  # per end: density candidates of another epoch are stale
-        self.serial = 0  # creation order: the density tie-break between lists
 
 
 class _Tagging:
@@ -205,23 +103,19 @@ class IACFreeBlockQueue:
             table = PriorityIndex(None)
         self._table: HasIndex = live_table(table)
         self._density = policy_of(self._table) == "density"
-        # density: (value, freed at, serial, end, epoch, list, run head) and (when, serial, end,
-        # epoch, list)
-        self._heap: list[tuple[Any, ...]] = []
-        self._flips: list[tuple[Any, ...]] = []
-        self._heap_limit = 1024  # entries, stale ones included, before a compaction
+        self._order = DensityHeap()  # policy density: the lists' ends, lowest key first
         self._clock = clock
         self.num_free_blocks = 0
-        self.fake_free_list_head, self.fake_free_list_tail = _empty_list()
+        self.fake_free_list_head, self.fake_free_list_tail = empty_list()
         # Per block id: 1 where a turn-1 request found the block cached (shared); _marked: any
         # block ever marked (until then neither appending nor taking blocks looks at marks).
         self._shared = bytearray(max((block.block_id for block in blocks), default=-1) + 1)
         self._marked = False
-        self._lists: dict[tuple[str, int] | None, _StateList] = {}
-        self._by_p: list[_StateList] = []  # the state lists, least likely to continue first
+        self._lists: dict[tuple[str, int] | None, StateList] = {}
+        self._by_p: list[StateList] = []  # the state lists, least likely to continue first
         self._index: PriorityIndex | None = None  # the table the lists' values come from
-        self._resolved: dict[tuple[str, int], _StateList] = {}  # (intent, turn) as requested
-        self._pending: _StateList | None = None  # set by tagging(): the state being freed
+        self._resolved: dict[tuple[str, int], StateList] = {}  # (intent, turn) as requested
+        self._pending: StateList | None = None  # set by tagging(): the state being freed
         # Bounds that spare popleft_n a pass over every state: no list's first block passes its
         # median before _stale_from (clock s); the lists by p before _low_rank are empty.
         self._stale_from = -math.inf
@@ -280,7 +174,7 @@ class IACFreeBlockQueue:
     def end_tagging(self) -> None:
         self._pending = None
 
-    def _list_of(self, intent: str, turn: int) -> _StateList:
+    def _list_of(self, intent: str, turn: int) -> StateList:
         """The list of a request's state: one dict lookup per request once it has been seen.
 
         Every ``(intent, turn)`` gets a list of its own, valued by the table in use (the
@@ -288,6 +182,10 @@ class IACFreeBlockQueue:
         move when it does. Past ``_MAX_LISTS`` lists, unlisted states share the defaults' list
         (requests choose their intents: memory must not depend on them).
         """
+        if self._table.index is self._index:  # the table as it was: no _sync() call
+            found = self._resolved.get((intent, turn))
+            if found is not None:
+                return found
         index = self._sync()
         found = self._resolved.get((intent, turn))
         if found is not None:
@@ -299,7 +197,7 @@ class IACFreeBlockQueue:
                 state = None
                 found = self._lists.get(state)
             if found is None:
-                found = self._lists[state] = _StateList(state)
+                found = self._lists[state] = StateList(state)
                 found.serial = len(self._lists)
                 self._set_values(found, index)
                 self._by_p.append(found)
@@ -318,7 +216,7 @@ class IACFreeBlockQueue:
                 self._set_values(state_list, index)
             self._rank()
             if self._density:
-                self._rebuild_density()
+                self._order.rebuild(self._by_p, self._clock())
         return index
 
     def _rank(self) -> None:
@@ -327,14 +225,7 @@ class IACFreeBlockQueue:
             state_list.rank = rank
         self._stale_from, self._low_rank = -math.inf, 0
 
-    def _rebuild_density(self) -> None:
-        """Every list's density candidates again (the table's values changed)."""
-        self._heap, self._flips = [], []
-        now = self._clock()
-        for state_list in self._by_p:
-            self._push_ends(state_list, now)
-
-    def _set_values(self, state_list: _StateList, index: PriorityIndex) -> None:
+    def _set_values(self, state_list: StateList, index: PriorityIndex) -> None:
         if state_list.state is None:
             state_list.median_s, state_list.p = index.default_median_s, index.default_p
             curve = index.default_curve() if self._density else None
@@ -343,91 +234,6 @@ class IACFreeBlockQueue:
             curve = index.curve(*state_list.state) if self._density else None
         if curve is not None:
             state_list.curve, state_list.drop = curve.values, curve.drops()
-
-    # -- density: each list's two end runs in one heap -------------------------------------------
-
-    def _push_ends(self, state_list: _StateList, now: float) -> None:
-        """Make the list's candidates current: its oldest run and, if another, its newest."""
-        self._push_end(state_list, _HEAD, now)
-        self._push_end(state_list, _TAIL, now)
-
-    def _push_end(self, state_list: _StateList, end: int, now: float) -> None:
-        """Make one end's candidate current: the run at that end, valued at its age now. A
-        list of one run has only a head candidate."""
-        epochs = state_list.epochs
-        epochs[end] += 1
-        run = state_list.head.next_run
-        if run is state_list.tail:  # empty: neither end stands for a run
-            epochs[_TAIL - end] += 1
-            return
-        last = state_list.tail.prev_run
-        if last is run:  # one run
-            if end == _TAIL:
-                return
-            epochs[_TAIL] += 1
-        elif end == _TAIL:
-            run = last
-        assert run is not None
-        if len(self._heap) > self._heap_limit:
-            self._compact()
-        freed_at = run.freed_at
-        k = age_bucket(now - freed_at)
-        epoch, serial = epochs[end], state_list.serial
-        entry = (state_list.curve[k], freed_at, serial, end, epoch, state_list, run)
-        heapq.heappush(self._heap, entry)
-        later = state_list.drop[k]
-        if later < AGE_BUCKETS:
-            flip = (freed_at + _STARTS[later], serial, end, epoch, state_list)
-            heapq.heappush(self._flips, flip)
-
-    def _compact(self) -> None:
-        """Drop the stale entries (of an older epoch) that the heaps are mostly made of."""
-        self._heap = [e for e in self._heap if e[4] == e[5].epochs[e[3]]]
-        self._flips = [f for f in self._flips if f[3] == f[4].epochs[f[2]]]
-        heapq.heapify(self._heap)
-        heapq.heapify(self._flips)
-        self._heap_limit = 8 * len(self._by_p) + 1024
-
-    def _pop_density(self, wanted: int, popped: list[Any]) -> None:
-        """Take ``wanted`` tagged blocks, lowest density first (a run at a time)."""
-        now = self._clock()
-        # self._heap and self._flips are read anew each time: _push_end may compact them.
-        while self._flips and self._flips[0][0] <= now:  # keys that fell: revalued on time
-            _, _, end, epoch, state_list = heapq.heappop(self._flips)
-            if epoch == state_list.epochs[end]:
-                self._push_end(state_list, end, now)
-        while wanted:
-            if not self._heap:
-                raise RuntimeError("num_free_blocks is out of sync with the free lists")
-            entry = heapq.heappop(self._heap)
-            value, freed_at, _, end, epoch, state_list, run = entry
-            if epoch != state_list.epochs[end]:
-                continue
-            if state_list.curve[age_bucket(now - freed_at)] != value:
-                self._push_end(state_list, end, now)  # it rose: the key was a lower bound
-                continue
-            wanted = _take_run(run, wanted, popped)
-            if run.owner is None:  # the run is gone: the end it was at has another
-                self._push_end(state_list, end, now)
-            else:  # wanted is 0: the rest of the run stays, its key unchanged
-                heapq.heappush(self._heap, entry)
-
-    def _density_order(self) -> Iterator[Any]:
-        """The tagged blocks in the order :meth:`_pop_density` takes them, taking nothing:
-        a list's lowest run is at one of its ends, so taking the lowest end run until none is
-        left orders all runs by their key."""
-        now = self._clock()
-        runs: list[tuple[tuple[float, float, int], _Link]] = []
-        for state_list in self._by_p:
-            run = state_list.head.next_run
-            while run is not state_list.tail:
-                assert run is not None
-                value = state_list.curve[age_bucket(now - run.freed_at)]
-                runs.append(((value, run.freed_at, state_list.serial), run))
-                run = run.next_run
-        runs.sort(key=lambda item: item[0])
-        for _, run in runs:
-            yield from _run_blocks(run)
 
     # -- vLLM's FreeKVCacheBlockQueue ------------------------------------------------------------
 
@@ -465,7 +271,7 @@ class IACFreeBlockQueue:
     def _pop_tagged(self, wanted: int, popped: list[Any]) -> None:
         self._sync()
         if self._density:
-            self._pop_density(wanted, popped)
+            self._order.pop(wanted, popped, self._clock())
             return
         now = self._clock()
         by_p = self._by_p
@@ -490,7 +296,7 @@ class IACFreeBlockQueue:
         raise RuntimeError("num_free_blocks is out of sync with the free lists")
 
     def _take(
-        self, state_list: _StateList, wanted: int, popped: list[Any], now: float | None
+        self, state_list: StateList, wanted: int, popped: list[Any], now: float | None
     ) -> tuple[int, float]:
         """Unlink up to ``wanted`` blocks from the list's oldest runs into ``popped``; with
         ``now`` (clock s), only blocks past their median then. Returns what is still wanted and
@@ -502,7 +308,7 @@ class IACFreeBlockQueue:
             if now is not None and run.freed_at + median_s > now:
                 return wanted, run.freed_at + median_s
             following = run.next_run
-            wanted = _take_run(run, wanted, popped)
+            wanted = take_run(run, wanted, popped)
             run = following
         return wanted, math.inf
 
@@ -518,9 +324,9 @@ class IACFreeBlockQueue:
         if state_list is not None and next_block.block_id < 0:  # the last block of its run
             at_head = prev_block.prev_run is state_list.head
             at_tail = prev_block.next_run is state_list.tail
-            _drop_run(prev_block, next_block)
+            drop_run(prev_block, next_block)
             if self._density and (at_head or at_tail):  # an end of the list has another run
-                self._push_ends(state_list, self._clock())
+                self._order.push_ends(state_list, self._clock())
 
     def append(self, block: Any) -> None:
         """Put a block back into the free list and increase num_free_blocks by 1."""
@@ -558,46 +364,23 @@ class IACFreeBlockQueue:
             return len(blocks)
         return cut
 
-    def _append_tagged(self, blocks: Sequence[Any], state_list: _StateList) -> None:
+    def _append_tagged(self, blocks: Sequence[Any], state_list: StateList) -> None:
         """Put freed blocks, in order, at the tail of a state's list: a new run."""
         if not blocks:
             return
         now = self._clock()
-        tail = state_list.tail
-        last_run = tail.prev_run
-        assert last_run is not None
-        was_empty = last_run is state_list.head
+        was_empty = state_list.head.next_run is state_list.tail
         if was_empty:  # a new first block: update the bounds
             self._stale_from = min(self._stale_from, now + state_list.median_s)
             self._low_rank = min(self._low_rank, state_list.rank)
-        run = _Link(state_list, now)
-        run.prev_run, run.next_run = last_run, tail
-        last_run.next_run = tail.prev_run = run
-        last_block = tail.prev_free_block
-        last_block.next_free_block, run.prev_free_block = run, last_block
-        last_block = run
-        for block in blocks:
-            block.prev_free_block = last_block
-            last_block.next_free_block = block
-            last_block = block
-        last_block.next_free_block, tail.prev_free_block = tail, last_block
+        run = append_run(state_list, blocks, now)
         self.num_free_blocks += len(blocks)
         if not self._density:
             return
         if was_empty:
-            self._push_end(state_list, _HEAD, now)
-            return
-        # A new newest run behind others, of age 0: _push_end(state_list, _TAIL, now) unrolled
-        # (this runs once per freed request).
-        if len(self._heap) > self._heap_limit:
-            self._compact()
-        state_list.epochs[_TAIL] += 1
-        epoch, serial = state_list.epochs[_TAIL], state_list.serial
-        entry = (state_list.curve[0], now, serial, _TAIL, epoch, state_list, run)
-        heapq.heappush(self._heap, entry)
-        later = state_list.drop[0]
-        if later < AGE_BUCKETS:
-            heapq.heappush(self._flips, (now + _STARTS[later], serial, _TAIL, epoch, state_list))
+            self._order.push_end(state_list, HEAD, now)
+        else:
+            self._order.push_new_tail(state_list, run)
 
     def prepend_n(self, blocks: Sequence[Any]) -> None:
         """Put blocks holding no cache at the front of the free list (reused first, as stock)."""
@@ -638,22 +421,22 @@ class IACFreeBlockQueue:
             block = block.next_free_block
         self._sync()
         if self._density:
-            yield from self._density_order()
+            yield from density_order(self._by_p, self._clock())
             return
         now = self._clock()
-        resume: dict[int, _Link] = {}
+        resume: dict[int, Link] = {}
         for state_list in self._by_p:
             run = state_list.head.next_run
             while run is not state_list.tail:
                 assert run is not None
                 if run.freed_at + state_list.median_s > now:
                     break
-                yield from _run_blocks(run)
+                yield from run_blocks(run)
                 run = run.next_run
             resume[id(state_list)] = run
         for state_list in self._by_p:
             run = resume[id(state_list)]
             while run is not state_list.tail:
                 assert run is not None
-                yield from _run_blocks(run)
+                yield from run_blocks(run)
                 run = run.next_run

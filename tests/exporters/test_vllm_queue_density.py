@@ -162,7 +162,7 @@ def test_a_hit_on_a_lists_oldest_run_is_seen_by_the_very_next_pop(
             queue.append_n([block])
         freed[block.block_id] = (tagged, clock.now)
     clock.now += gaps[2]
-    queue._pop_density(0, [])  # what a pop revalues first: now nothing is due at this instant
+    queue._order.pop(0, [], clock.now)  # what a pop revalues first: nothing due at this instant
     queue.remove(oldest)
     del freed[oldest.block_id]
     got = queue.popleft_n(2)
