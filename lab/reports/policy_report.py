@@ -190,14 +190,14 @@ def _learning(policy: str, wl: Workload) -> dict[str, Any]:
 BEGIN, END = "<!-- policy-report:begin -->", "<!-- policy-report:end -->"
 
 
-def write_between_markers(path: Path, text: str) -> None:
-    """Replace what lies between :data:`BEGIN` and :data:`END` in ``path`` with ``text``."""
+def write_between_markers(path: Path, text: str, begin: str = BEGIN, end: str = END) -> None:
+    """Replace what lies between the ``begin`` and ``end`` markers in ``path`` with ``text``."""
     doc = path.read_text()
-    if BEGIN not in doc or END not in doc:
-        raise SystemExit(f"{path}: no {BEGIN} ... {END} markers to write the tables between")
-    head, rest = doc.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    path.write_text(f"{head}{BEGIN}\n{text.rstrip()}\n{END}{tail}")
+    if begin not in doc or end not in doc:
+        raise SystemExit(f"{path}: no {begin} ... {end} markers to write the tables between")
+    head, rest = doc.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{begin}\n{text.rstrip()}\n{end}{tail}")
 
 
 def main(argv: list[str] | None = None) -> int:

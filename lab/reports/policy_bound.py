@@ -1,0 +1,221 @@
+"""How much of the LRU-to-TB+S gap a ranking by (state, age) can close: ``density`` given each
+state's law *from the trace itself* (in-sample, the measured conversations included) instead of
+the table's log-normal fit learned from the warm-up, at several horizons.
+
+It is a diagnostic, not a policy: no engine can know the law of the conversations it is
+about to serve. It separates two causes of the gap that ``docs/policies.md`` reports at small
+caches: a ranking that uses its information badly (a wrong law, a wrong horizon), which this
+bound would beat by far, and information that does not say which block comes back soon, which
+no ranking by (state, age) gets past.
+
+A request's blocks are reused when its conversation sends the next turn, ``T`` seconds after
+the request arrived (infinite for the last turn). For a state's requests, at each age bucket
+``a`` of the client's grid and a horizon ``H`` (s), the empirical hit density is::
+
+    d(a) = #{a < T <= a + H} / sum over T > a of min(T - a, H)
+
+the sample version of ``kvcast.stats.density.hit_density`` (the state's ``S(a)`` cancels the
+same way). A state with fewer than :data:`MIN_SAMPLES` requests takes its intent's pooled law.
+Shared blocks keep the table's shared law.
+
+``python -m kvcast.lab.reports.policy_bound [--markdown docs/policies.md] [--json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import orjson
+from numpy.typing import NDArray
+
+from kvcast.lab.reports.policy_report import default_workloads, write_between_markers
+from kvcast.lab.reports.policy_results import GAP_SHARE, Workload, gap_closed
+from kvcast.lab.sim.block_cache import BlockCache, BlockLayout, block_layout
+from kvcast.lab.sim.block_policies import Density, learn_table
+from kvcast.lab.sim.measurement import measured_requests
+from kvcast.lab.sim.policy_tables import intent_labels
+from kvcast.lab.sim.registry import simulate
+from kvcast.lab.sim.trace import SimTrace
+from kvcast.stats.density import AGE_BUCKETS, bucket_age
+from kvcast.stats.priority import PriorityIndex
+
+MIN_SAMPLES = 30  # requests of a state below which it takes its intent's pooled law
+HORIZONS_S = (10.0, 30.0, 60.0, 120.0, 600.0)
+BEGIN, END = "<!-- policy-bound:begin -->", "<!-- policy-bound:end -->"
+
+
+def next_turn_delays(trace: SimTrace) -> NDArray[np.float64]:
+    """Per request, the seconds from its arrival to its conversation's next turn (inf: none)."""
+    order = np.lexsort((trace.turn, trace.conversation))
+    conv, times = trace.conversation[order], trace.timestamp[order]
+    delays = np.full(len(trace), np.inf)
+    same = conv[1:] == conv[:-1]
+    delays[order[:-1]] = np.where(same, times[1:] - times[:-1], np.inf)
+    return delays
+
+
+def empirical_curve(delays: NDArray[np.float64], horizon_s: float) -> list[float]:
+    """The empirical hit density (1/s) of requests with these delays (s; inf: never reused)
+    at each age bucket's age (:func:`kvcast.stats.density.bucket_age`)."""
+    finite = np.sort(delays[np.isfinite(delays)])
+    never = len(delays) - len(finite)
+    sums = np.concatenate([[0.0], np.cumsum(finite)])
+    ages = np.array([bucket_age(k) for k in range(AGE_BUCKETS)])
+    alive = np.searchsorted(finite, ages, side="right")  # finite[alive:] > a
+    done = np.searchsorted(finite, ages + horizon_s, side="right")  # finite[alive:done] hit
+    hits = done - alive
+    residency = (sums[done] - sums[alive]) - ages * hits + (len(finite) - done + never) * horizon_s
+    density = np.divide(hits, residency, out=np.zeros(AGE_BUCKETS), where=residency > 0)
+    return [float(v) for v in density]
+
+
+class InSampleDensity(Density):
+    """``density`` whose per-request curves are given (shared blocks: the table's law)."""
+
+    def __init__(self, table: PriorityIndex, curves: Sequence[list[float]]) -> None:
+        super().__init__(table)
+        self.given = curves
+        self.given_changes: dict[int, list[int]] = {}
+
+    def begin(self, request: int, now: float) -> None:
+        super().begin(request, now)
+        values = self.given[request]
+        changes = self.given_changes.get(id(values))
+        if changes is None:
+            changes = [AGE_BUCKETS] * AGE_BUCKETS
+            for k in range(AGE_BUCKETS - 2, -1, -1):
+                changes[k] = k + 1 if values[k + 1] != values[k] else changes[k + 1]
+            self.given_changes[id(values)] = changes
+        self.curves[request], self.change[request] = values, changes
+
+
+def in_sample_curves(trace: SimTrace, horizon_s: float) -> list[list[float]]:
+    """Each request's curve: its state's (intent, turn) empirical law over the whole trace."""
+    delays = next_turn_delays(trace)
+    labels = intent_labels(trace)
+    states = list(zip(labels, trace.turn.tolist(), strict=True))
+    members: dict[tuple[str, int], list[int]] = {}
+    pooled: dict[str, list[int]] = {}
+    for r, state in enumerate(states):
+        members.setdefault(state, []).append(r)
+        pooled.setdefault(state[0], []).append(r)
+    curves: dict[tuple[str, int], list[float]] = {}
+    out = []
+    for state in states:
+        key = state if len(members[state]) >= MIN_SAMPLES else (state[0], 0)
+        if key not in curves:
+            rows = members[state] if key == state else pooled[state[0]]
+            curves[key] = empirical_curve(delays[rows], horizon_s)
+        out.append(curves[key])
+    return out
+
+
+@dataclass(frozen=True)
+class BoundRow:
+    workload: str
+    capacity_blocks: int
+    lru: float
+    tbs: float
+    density: float  # the table's law, learned from the warm-up (the report's column)
+    in_sample: dict[float, float]  # horizon (s) -> hit ratio
+
+    @property
+    def best(self) -> tuple[float, float]:
+        """(horizon s, hit ratio) of the best in-sample horizon."""
+        return max(self.in_sample.items(), key=lambda item: item[1])
+
+    def closed(self, value: float) -> float:
+        found = gap_closed(value, self.lru, self.tbs)
+        return float("nan") if found is None else found
+
+
+def _hit_ratio(trace: SimTrace, hits: NDArray[np.int64], wl: Workload) -> float:
+    mask, _ = measured_requests(
+        trace.conversation, trace.timestamp, trace.conversations,
+        wl.warmup_fraction, wl.cooldown_fraction,
+    )  # fmt: skip
+    return float(hits[mask].sum() / trace.blocks[mask].sum())
+
+
+def bound_rows(
+    wl: Workload, horizons_s: Sequence[float] = HORIZONS_S, layout: BlockLayout | None = None
+) -> list[BoundRow]:
+    """The bound at each of ``wl``'s capacities where LRU holds under half of the unlimited
+    cache's hit ratio (the capacities of the gap target)."""
+    layout = layout or block_layout(wl.trace)
+    window = (wl.warmup_fraction, wl.cooldown_fraction)
+    everything = int(wl.trace.blocks.sum()) + 1
+    unlimited = simulate(wl.trace, everything, "lru", "block", *window, layout=layout).hit_ratio
+    curves = {h: in_sample_curves(wl.trace, h) for h in horizons_s}
+    rows = []
+    for n in wl.capacities:
+        lru = simulate(wl.trace, n, "lru", "block", *window, layout=layout).hit_ratio
+        if lru >= unlimited / 2:
+            continue
+        tbs = simulate(wl.trace, n, "tbs", "block", *window, layout=layout).hit_ratio
+        table = learn_table(wl.trace, wl.warmup_fraction, None, capacity_blocks=n)
+        density = simulate(
+            wl.trace, n, "density", "block", *window, layout=layout, table=table
+        ).hit_ratio
+        index = PriorityIndex(table)
+        found = {}
+        for h, per_request in curves.items():
+            hits = BlockCache(wl.trace, layout).run(n, InSampleDensity(index, per_request))
+            found[h] = _hit_ratio(wl.trace, hits, wl)
+        rows.append(BoundRow(wl.name, n, lru, tbs, density, found))
+    return rows
+
+
+def to_markdown(rows: Sequence[BoundRow]) -> str:
+    reached = sum(row.closed(row.best[1]) >= GAP_SHARE for row in rows)
+    lines = [
+        "| workload | N (blocks) | LRU | density (table) | in-sample, best horizon | TB+S "
+        "| gap closed: density | gap closed: in-sample |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        horizon, best = row.best
+        lines.append(
+            f"| {row.workload} | {row.capacity_blocks:,} | {row.lru:.3f} | {row.density:.3f} "
+            f"| {best:.3f} (H = {horizon:g} s) | {row.tbs:.3f} | {row.closed(row.density):+.0%} "
+            f"| {row.closed(best):+.0%} |"
+        )
+    lines.append("")
+    lines.append(
+        f"In-sample law closes a third of the gap at {reached} of {len(rows)} points "
+        f"(horizons tried: {', '.join(f'{h:g}' for h in sorted(rows[0].in_sample))} s)."
+        if rows
+        else "No capacity where LRU holds under half of the unlimited cache."
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the report's smaller workloads")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
+    parser.add_argument(
+        "--markdown", metavar="FILE", help="also write the table into FILE between its markers"
+    )
+    args = parser.parse_args(argv)
+    rows: list[BoundRow] = []
+    for wl in default_workloads(args.quick):
+        rows.extend(bound_rows(wl))
+        print(f"{wl.name}: {len(rows)} points so far", file=sys.stderr)
+    text = to_markdown(rows)
+    if args.markdown:
+        write_between_markers(Path(args.markdown), text, BEGIN, END)
+    if args.json:
+        print(orjson.dumps([asdict(row) for row in rows], option=orjson.OPT_NON_STR_KEYS).decode())
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

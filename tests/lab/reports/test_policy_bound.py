@@ -1,0 +1,90 @@
+"""The (state, age) bound of the policy report: the empirical hit density is the definition
+counted by hand and converges to the closed form of ``kvcast.stats.density``; the delays are
+each request's to its conversation's next turn; the bound is run where the gap target is."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvcast.lab.reports.policy_bound import (
+    BoundRow,
+    bound_rows,
+    empirical_curve,
+    in_sample_curves,
+    next_turn_delays,
+)
+from kvcast.lab.reports.policy_report import generated_workload
+from kvcast.lab.sim.registry import simulate
+from kvcast.lab.sim.trace import SimTrace
+from kvcast.stats.density import AGE_BUCKETS, bucket_age, hit_density
+
+delays_st = st.lists(st.one_of(st.floats(0.0, 5_000.0), st.just(math.inf)), min_size=1, max_size=60)
+
+
+@settings(max_examples=100, deadline=None)
+@given(delays_st, st.floats(1.0, 1_000.0), st.integers(0, AGE_BUCKETS - 1))
+def test_the_empirical_density_is_hits_within_the_horizon_per_second_held(
+    delays: list[float], horizon: float, k: int
+) -> None:
+    a = bucket_age(k)
+    alive = [t for t in delays if t > a]
+    hits = sum(1 for t in alive if t <= a + horizon)
+    held = sum(min(t - a, horizon) for t in alive)
+    expected = hits / held if held > 0 else 0.0
+    assert empirical_curve(np.array(delays), horizon)[k] == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize(("p", "mu", "sigma", "horizon"), [(0.6, 4.0, 1.0, 60.0),
+                                                           (0.9, 2.5, 0.5, 120.0)])  # fmt: skip
+def test_the_empirical_density_of_a_large_sample_is_the_closed_form(p, mu, sigma, horizon) -> None:
+    rng = np.random.default_rng(3)
+    n = 400_000
+    delays = np.where(rng.random(n) < p, np.exp(rng.normal(mu, sigma, n)), np.inf)
+    curve = empirical_curve(delays, horizon)
+    # ages where 2 % or more of the delays are still to come: enough of a sample to compare
+    ages = [k for k in range(0, AGE_BUCKETS, 2) if bucket_age(k) < math.exp(mu + 2 * sigma)]
+    assert len(ages) > 10
+    for k in ages:
+        closed_form = hit_density(bucket_age(k), horizon, p, mu, sigma)
+        assert curve[k] == pytest.approx(closed_form, rel=0.03)
+
+
+def trace(conversation: list[int], turn: list[int], timestamp: list[float]) -> SimTrace:
+    n = len(conversation)
+    return SimTrace(
+        conversation=np.array(conversation), turn=np.array(turn),
+        timestamp=np.array(timestamp, dtype=float), blocks=np.ones(n, dtype=np.int64),
+        conversations=max(conversation) + 1,
+    )  # fmt: skip
+
+
+def test_a_requests_delay_is_to_its_own_conversations_next_turn() -> None:
+    sim = trace([1, 0, 1, 0, 2, 0], [2, 1, 1, 3, 1, 2], [50.0, 0.0, 10.0, 200.0, 5.0, 30.0])
+    assert next_turn_delays(sim).tolist() == [math.inf, 30.0, 40.0, math.inf, math.inf, 170.0]
+
+
+def test_rare_states_take_their_intents_pooled_law() -> None:
+    conversations, turns = [*range(40), 0], [1] * 40 + [2]
+    sim = trace(conversations, turns, [float(k) for k in range(40)] + [100.0])
+    curves = in_sample_curves(sim, 60.0)
+    assert curves[0] is curves[39]  # 40 requests of (unknown, 1): their own law
+    assert curves[40] == empirical_curve(next_turn_delays(sim), 60.0)  # 1 of turn 2: pooled
+
+
+def test_the_bound_is_run_where_lru_holds_under_half_of_the_unlimited_cache() -> None:
+    wl = generated_workload("mixed", conversations=600)
+    window = (wl.warmup_fraction, wl.cooldown_fraction)
+    unlimited = simulate(wl.trace, 10**9, "lru", "block", *window).hit_ratio
+    lru = {n: simulate(wl.trace, n, "lru", "block", *window).hit_ratio for n in wl.capacities}
+    rows = bound_rows(wl, horizons_s=(10.0, 600.0))
+    assert [row.capacity_blocks for row in rows] == [n for n in lru if lru[n] < unlimited / 2]
+    assert rows
+    for row in rows:
+        assert isinstance(row, BoundRow) and set(row.in_sample) == {10.0, 600.0}
+        assert row.lru == lru[row.capacity_blocks] < row.tbs
+        assert 0.0 < row.best[1] <= 1.0
