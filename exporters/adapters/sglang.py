@@ -231,6 +231,25 @@ def _tagging_release(on_release: Callable[..., None], cache: Any, strategy: IACS
     return on_release_tagged
 
 
+def _keeping_tags(split: Callable[..., Any]) -> Callable[..., Any]:
+    """A tree core's ``_split_node(key, child, split_len)`` after which the new node (the
+    first ``split_len`` tokens of ``child``) has the child's tag and shared mark: a split
+    cuts a node in two, and both parts were used by the same requests."""
+
+    def split_keeping_tags(key: Any, child: Any, split_len: int) -> Any:
+        result = split(key, child, split_len)
+        found = child.__dict__
+        if TAG_ATTR in found or SHARED_ATTR in found:
+            new_node = result[0] if isinstance(result, tuple) else result  # Unified: (node, action)
+            for attr in (TAG_ATTR, SHARED_ATTR):
+                if attr in found:
+                    setattr(new_node, attr, found[attr])
+        return result
+
+    split_keeping_tags.__wrapped__ = split  # type: ignore[attr-defined]
+    return split_keeping_tags
+
+
 def install(cache: Any, table: HasIndex | PriorityIndex, **options: Any) -> IACStrategy:
     """Make a built SGLang cache evict by the table; returns the strategy.
 
@@ -264,6 +283,7 @@ def install(cache: Any, table: HasIndex | PriorityIndex, **options: Any) -> IACS
         ):
             component.session_ref_eviction_strategy = None
     cache.on_release = _tagging_release(cache.on_release, cache, strategy)
+    owner._split_node = _keeping_tags(owner._split_node)
     return strategy
 
 

@@ -483,3 +483,36 @@ def test_a_prompt_a_second_conversation_finds_cached_is_ranked_by_the_shared_law
     gone_order = evict_lowest_first(engine, key)
     c_node = engine.paths[c.rid][-1]  # coding valued between the two shared laws
     assert (gone_order.index(prompt_node) > gone_order.index(c_node)) == prompt_outlives_c
+
+
+def test_a_split_shared_node_stays_shared_in_both_parts(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SGLang splits a node where a request's tokens leave it: a later turn of a
+    conversation that shares only the first half of a shared prompt cuts the prompt's node in
+    two, and the first part (a new node) is as shared as the prompt was, so that turn's
+    release ranks it by the shared law, not by the turn's own state."""
+    from kvcast.exporters.adapters.sglang import SHARED_ATTR, TAG_ATTR
+    from kvcast.stats.priority import SHARED_INTENT
+
+    shared = {"p_continue": 0.9, "median_reuse_s": 5.0, "mu": math.log(5.0), "sigma": 0.5,
+              "references": 1000, "lives": 10}  # fmt: skip
+    path = tmp_path / "shared-table.json"
+    path.write_text(json.dumps({**DENSITY_TABLE, "shared": shared}))
+    monkeypatch.setenv("KVCAST_TABLE", str(path))
+    monkeypatch.setenv("KVCAST_POLICY", "density")
+    engine = build_engine(publish_server_args(model, "--radix-cache-backend", "kvcast"))
+    strategy(engine).clock = Clock()
+    system = list(range(1, 41))
+    serve(engine, system + list(range(100, 120)), list(range(150, 180)), ("chat", 1))
+    b, _ = serve(engine, system + list(range(200, 220)), list(range(250, 280)), ("chat", 1))
+    prompt_node = engine.paths[b.rid][-1]
+    assert prompt_node.__dict__.get(SHARED_ATTR) and len(prompt_node.key) == 40
+    d, hit = serve(engine, system[:20] + list(range(400, 420)), list(range(450, 460)), ("chat", 2))
+    assert hit == 20
+    first_half = engine.paths[d.rid][-1]
+    assert first_half is not prompt_node and len(first_half.key) == 20
+    assert prompt_node.parent is first_half and len(prompt_node.key) == 20
+    for node in (first_half, prompt_node):
+        assert node.__dict__.get(SHARED_ATTR)
+    assert first_half.__dict__[TAG_ATTR][0].key == (SHARED_INTENT, 1)
