@@ -12,12 +12,14 @@ of a lower value) it is revalued on time, from a second heap of *flips*; where i
 stale key is a lower bound and is revalued only when it reaches the front of the heap. A young
 run, whose value rises, costs no flips. Candidates are never removed: an end's *epoch* counts
 its changes, and a candidate of another epoch is stale and skipped (and dropped in bulk once
-the heaps are mostly stale).
+the heap is mostly stale). A flip only says "revalue this end then": an end with a flip due
+no later than its new candidate's needs no other (a list's newer runs fall later).
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -40,7 +42,7 @@ class DensityHeap:
     def __init__(self) -> None:
         # (value, freed at, list serial, end, epoch, list, run head): the key is the first three
         self._heap: list[tuple[Any, ...]] = []
-        # (when the key falls, list serial, end, epoch, list)
+        # (when an end's key may fall: clock s, list serial, end, list)
         self._flips: list[tuple[Any, ...]] = []
         self._limit = 1024  # entries, stale ones included, before a compaction
 
@@ -48,6 +50,7 @@ class DensityHeap:
         """Every list's candidates anew (the lists' values changed)."""
         self._heap, self._flips = [], []
         for state_list in lists:
+            state_list.flip_due[HEAD] = state_list.flip_due[TAIL] = math.inf
             self.push_ends(state_list, now)
 
     def push_ends(self, state_list: StateList, now: float) -> None:
@@ -85,9 +88,9 @@ class DensityHeap:
         entry = (state_list.curve[0], freed_at, serial, TAIL, epoch, state_list, run)
         heapq.heappush(self._heap, entry)
         later = state_list.drop[0]
-        if later < AGE_BUCKETS:
-            flip = (freed_at + _STARTS[later], serial, TAIL, epoch, state_list)
-            heapq.heappush(self._flips, flip)
+        if later < AGE_BUCKETS and freed_at + _STARTS[later] < state_list.flip_due[TAIL]:
+            state_list.flip_due[TAIL] = when = freed_at + _STARTS[later]
+            heapq.heappush(self._flips, (when, serial, TAIL, state_list))
 
     def _push(self, state_list: StateList, end: int, run: Link, age_s: float) -> None:
         if len(self._heap) > self._limit:
@@ -99,24 +102,24 @@ class DensityHeap:
             self._heap, (state_list.curve[k], freed_at, serial, end, epoch, state_list, run)
         )
         later = state_list.drop[k]
-        if later < AGE_BUCKETS:
-            heapq.heappush(self._flips, (freed_at + _STARTS[later], serial, end, epoch, state_list))
+        if later < AGE_BUCKETS and freed_at + _STARTS[later] < state_list.flip_due[end]:
+            state_list.flip_due[end] = when = freed_at + _STARTS[later]
+            heapq.heappush(self._flips, (when, serial, end, state_list))
 
     def _compact(self) -> None:
-        """Drop the stale candidates and flips the heaps are mostly made of."""
+        """Drop the stale candidates the heap is mostly made of."""
         self._heap = [e for e in self._heap if e[4] == e[5].epochs[e[3]]]
-        self._flips = [f for f in self._flips if f[3] == f[4].epochs[f[2]]]
         heapq.heapify(self._heap)
-        heapq.heapify(self._flips)
         self._limit = 4 * len(self._heap) + 1024
 
     def pop(self, wanted: int, popped: list[Any], now: float) -> None:
         """Take ``wanted`` blocks into ``popped``, lowest key first (a run at a time)."""
         # self._heap and self._flips are read anew each time: _push may compact them.
         while self._flips and self._flips[0][0] <= now:  # keys that fell: revalued on time
-            _, _, end, epoch, state_list = heapq.heappop(self._flips)
-            if epoch == state_list.epochs[end]:
-                self.push_end(state_list, end, now)
+            when, _, end, state_list = heapq.heappop(self._flips)
+            if when == state_list.flip_due[end]:
+                state_list.flip_due[end] = math.inf
+            self.push_end(state_list, end, now)
         while wanted:
             if not self._heap:
                 raise RuntimeError("num_free_blocks is out of sync with the free lists")

@@ -11,6 +11,7 @@ so a list's oldest and newest runs are one step from its ends. A node with a neg
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -48,6 +49,7 @@ class StateList:
         "curve",
         "drop",
         "epochs",
+        "flip_due",
         "head",
         "median_s",
         "p",
@@ -66,6 +68,7 @@ class StateList:
         self.curve: list[float] = []  # density by age bucket (policy density)
         self.drop: list[int] = []  # per bucket, the next bucket of a lower value
         self.epochs = [0, 0]  # per end: density candidates of another epoch are stale
+        self.flip_due = [math.inf, math.inf]  # per end: its earliest flip pending (clock s)
         self.serial = 0  # creation order: the density tie-break between lists
 
 
