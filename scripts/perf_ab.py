@@ -1,6 +1,7 @@
 """Before/after figures: the working tree against an older commit, alternating, same machine.
 
     .venv/bin/python scripts/perf_ab.py REV throughput|daemon [--rounds 2] [--no-hiredis-before]
+    .venv-vllm/bin/python scripts/perf_ab.py REV engines [--rounds 3]
 
 The old code is exported with ``git archive REV`` into a temporary directory and imported from
 there alone (a ``kvcast`` package of symlinks to its top-level folders, first on ``sys.path``,
@@ -8,7 +9,9 @@ its C extension built in place); each measurement runs in a fresh process, old a
 turns, and prints one JSON line.
 ``daemon`` needs the broker and Redis of ``scripts/services.sh start``. The figures are those of
 ``kvcast bench`` (throughput: the replay pipeline against ``orjson.loads``; daemon: Kafka ->
-Redis against the bare consumer, and the flush cost per event).
+Redis against the bare consumer, and the flush cost per event; engines: kvcast's queue in
+vLLM's ``BlockPool`` against vLLM's own, per kind, with the engines' venv of
+``scripts/engine_venv.sh``).
 """
 
 from __future__ import annotations
@@ -54,6 +57,13 @@ if suite == "throughput":
     r = run_throughput(repeats=3)
     out = {"pipeline_per_s": r.pipeline_per_s, "decode_per_s": r.decode_per_s,
            "ratio": r.pipeline_per_s / r.decode_per_s}
+elif suite == "engines":
+    from kvcast.lab.bench.engine_bench import run_engine_bench
+    r = run_engine_bench(repeats=3)
+    out = {"stock_get_ns": r.get_ns["stock"], "stock_free_ns": r.free_ns["stock"]}
+    for kind in ("tagged", "density"):
+        out[f"{kind}_get_x"] = r.get_ns[kind] / r.get_ns["stock"]
+        out[f"{kind}_free_x"] = r.free_ns[kind] / r.free_ns["stock"]
 else:
     try:
         from kvcast.lab.bench import daemon_bench as d
@@ -101,7 +111,7 @@ def export(rev: str, into: Path) -> Path:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("rev")
-    parser.add_argument("suite", choices=("throughput", "daemon"))
+    parser.add_argument("suite", choices=("throughput", "daemon", "engines"))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--no-hiredis-before", action="store_true", help="old code without it")
     options = parser.parse_args()
