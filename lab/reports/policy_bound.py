@@ -18,7 +18,11 @@ the sample version of ``kvcast.stats.density.hit_density`` (the state's ``S(a)``
 same way). A state with fewer than :data:`MIN_SAMPLES` requests takes its intent's pooled law.
 Shared blocks keep the table's shared law.
 
-``python -m kvcast.lab.reports.policy_bound [--markdown docs/policies.md] [--json]``.
+With ``--warmup-law`` the empirical law is learned on the warm-up's conversations, as the
+table is: an empirical law in the table instead of the log-normal, an engine could have that.
+
+``python -m kvcast.lab.reports.policy_bound [--warmup-law] [--markdown docs/policies.md]
+[--json]``.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from kvcast.lab.reports.policy_results import GAP_SHARE, Workload, gap_closed
 from kvcast.lab.sim.block_cache import BlockCache, BlockLayout, block_layout
 from kvcast.lab.sim.block_policies import Density, learn_table
 from kvcast.lab.sim.measurement import measured_requests
-from kvcast.lab.sim.policy_tables import intent_labels
+from kvcast.lab.sim.policy_tables import history_mask, intent_labels
 from kvcast.lab.sim.registry import simulate
 from kvcast.lab.sim.trace import SimTrace
 from kvcast.stats.density import AGE_BUCKETS, bucket_age
@@ -46,7 +50,10 @@ from kvcast.stats.priority import PriorityIndex
 
 MIN_SAMPLES = 30  # requests of a state below which it takes its intent's pooled law
 HORIZONS_S = (10.0, 30.0, 60.0, 120.0, 600.0)
-BEGIN, END = "<!-- policy-bound:begin -->", "<!-- policy-bound:end -->"
+MARKERS = {  # law -> the markers its table is written between
+    "in-sample": ("<!-- policy-bound:begin -->", "<!-- policy-bound:end -->"),
+    "warm-up": ("<!-- policy-bound-warmup:begin -->", "<!-- policy-bound-warmup:end -->"),
+}
 
 
 def next_turn_delays(trace: SimTrace) -> NDArray[np.float64]:
@@ -94,16 +101,20 @@ class InSampleDensity(Density):
         self.curves[request], self.change[request] = values, changes
 
 
-def in_sample_curves(trace: SimTrace, horizon_s: float) -> list[list[float]]:
-    """Each request's curve: its state's (intent, turn) empirical law over the whole trace."""
+def empirical_curves(
+    trace: SimTrace, horizon_s: float, learn: NDArray[np.bool_] | None = None
+) -> list[list[float]]:
+    """Each request's curve: its state's (intent, turn) empirical law over the requests
+    ``learn`` selects (default: the whole trace, in-sample)."""
     delays = next_turn_delays(trace)
     labels = intent_labels(trace)
     states = list(zip(labels, trace.turn.tolist(), strict=True))
-    members: dict[tuple[str, int], list[int]] = {}
-    pooled: dict[str, list[int]] = {}
+    members: dict[tuple[str, int], list[int]] = {state: [] for state in states}
+    pooled: dict[str, list[int]] = {state[0]: [] for state in states}
     for r, state in enumerate(states):
-        members.setdefault(state, []).append(r)
-        pooled.setdefault(state[0], []).append(r)
+        if learn is None or learn[r]:
+            members[state].append(r)
+            pooled[state[0]].append(r)
     curves: dict[tuple[str, int], list[float]] = {}
     out = []
     for state in states:
@@ -122,12 +133,12 @@ class BoundRow:
     lru: float
     tbs: float
     density: float  # the table's law, learned from the warm-up (the report's column)
-    in_sample: dict[float, float]  # horizon (s) -> hit ratio
+    empirical: dict[float, float]  # horizon (s) -> hit ratio
 
     @property
     def best(self) -> tuple[float, float]:
-        """(horizon s, hit ratio) of the best in-sample horizon."""
-        return max(self.in_sample.items(), key=lambda item: item[1])
+        """(horizon s, hit ratio) of the best horizon for the empirical law."""
+        return max(self.empirical.items(), key=lambda item: item[1])
 
     def closed(self, value: float) -> float:
         found = gap_closed(value, self.lru, self.tbs)
@@ -143,15 +154,20 @@ def _hit_ratio(trace: SimTrace, hits: NDArray[np.int64], wl: Workload) -> float:
 
 
 def bound_rows(
-    wl: Workload, horizons_s: Sequence[float] = HORIZONS_S, layout: BlockLayout | None = None
+    wl: Workload,
+    horizons_s: Sequence[float] = HORIZONS_S,
+    layout: BlockLayout | None = None,
+    warmup_law: bool = False,
 ) -> list[BoundRow]:
     """The bound at each of ``wl``'s capacities where LRU holds under half of the unlimited
-    cache's hit ratio (the capacities of the gap target)."""
+    cache's hit ratio (the capacities of the gap target). ``warmup_law``: the empirical law
+    learned on the warm-up's conversations, as the table is, instead of in-sample."""
     layout = layout or block_layout(wl.trace)
     window = (wl.warmup_fraction, wl.cooldown_fraction)
     everything = int(wl.trace.blocks.sum()) + 1
     unlimited = simulate(wl.trace, everything, "lru", "block", *window, layout=layout).hit_ratio
-    curves = {h: in_sample_curves(wl.trace, h) for h in horizons_s}
+    learn = history_mask(wl.trace, wl.warmup_fraction) if warmup_law else None
+    curves = {h: empirical_curves(wl.trace, h, learn) for h in horizons_s}
     rows = []
     for n in wl.capacities:
         lru = simulate(wl.trace, n, "lru", "block", *window, layout=layout).hit_ratio
@@ -171,11 +187,12 @@ def bound_rows(
     return rows
 
 
-def to_markdown(rows: Sequence[BoundRow]) -> str:
+def to_markdown(rows: Sequence[BoundRow], law: str = "in-sample") -> str:
+    """The bound's table; ``law``: what the empirical law was learned on, for the headings."""
     reached = sum(row.closed(row.best[1]) >= GAP_SHARE for row in rows)
     lines = [
-        "| workload | N (blocks) | LRU | density (table) | in-sample, best horizon | TB+S "
-        "| gap closed: density | gap closed: in-sample |",
+        f"| workload | N (blocks) | LRU | density (table) | {law}, best horizon | TB+S "
+        f"| gap closed: density | gap closed: {law} |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
@@ -187,8 +204,8 @@ def to_markdown(rows: Sequence[BoundRow]) -> str:
         )
     lines.append("")
     lines.append(
-        f"In-sample law closes a third of the gap at {reached} of {len(rows)} points "
-        f"(horizons tried: {', '.join(f'{h:g}' for h in sorted(rows[0].in_sample))} s)."
+        f"The {law} law closes a third of the gap at {reached} of {len(rows)} points "
+        f"(horizons tried: {', '.join(f'{h:g}' for h in sorted(rows[0].empirical))} s)."
         if rows
         else "No capacity where LRU holds under half of the unlimited cache."
     )
@@ -200,16 +217,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="the report's smaller workloads")
     parser.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
     parser.add_argument(
+        "--warmup-law",
+        action="store_true",
+        help="learn the empirical law on the warm-up (as the table is), not in-sample",
+    )
+    parser.add_argument(
         "--markdown", metavar="FILE", help="also write the table into FILE between its markers"
     )
     args = parser.parse_args(argv)
     rows: list[BoundRow] = []
     for wl in default_workloads(args.quick):
-        rows.extend(bound_rows(wl))
+        rows.extend(bound_rows(wl, warmup_law=args.warmup_law))
         print(f"{wl.name}: {len(rows)} points so far", file=sys.stderr)
-    text = to_markdown(rows)
+    law = "warm-up" if args.warmup_law else "in-sample"
+    text = to_markdown(rows, law)
     if args.markdown:
-        write_between_markers(Path(args.markdown), text, BEGIN, END)
+        write_between_markers(Path(args.markdown), text, *MARKERS[law])
     if args.json:
         print(orjson.dumps([asdict(row) for row in rows], option=orjson.OPT_NON_STR_KEYS).decode())
     else:

@@ -15,7 +15,7 @@ from kvcast.lab.reports.policy_bound import (
     BoundRow,
     bound_rows,
     empirical_curve,
-    in_sample_curves,
+    empirical_curves,
     next_turn_delays,
 )
 from kvcast.lab.reports.policy_report import generated_workload
@@ -71,9 +71,13 @@ def test_a_requests_delay_is_to_its_own_conversations_next_turn() -> None:
 def test_rare_states_take_their_intents_pooled_law() -> None:
     conversations, turns = [*range(40), 0], [1] * 40 + [2]
     sim = trace(conversations, turns, [float(k) for k in range(40)] + [100.0])
-    curves = in_sample_curves(sim, 60.0)
+    curves = empirical_curves(sim, 60.0)
     assert curves[0] is curves[39]  # 40 requests of (unknown, 1): their own law
     assert curves[40] == empirical_curve(next_turn_delays(sim), 60.0)  # 1 of turn 2: pooled
+    learn = np.arange(41) < 20  # a law learned on the first 20 requests only
+    assert empirical_curves(sim, 60.0, learn)[0] == empirical_curve(
+        next_turn_delays(sim)[:20], 60.0
+    )
 
 
 def test_the_bound_is_run_where_lru_holds_under_half_of_the_unlimited_cache() -> None:
@@ -85,6 +89,6 @@ def test_the_bound_is_run_where_lru_holds_under_half_of_the_unlimited_cache() ->
     assert [row.capacity_blocks for row in rows] == [n for n in lru if lru[n] < unlimited / 2]
     assert rows
     for row in rows:
-        assert isinstance(row, BoundRow) and set(row.in_sample) == {10.0, 600.0}
+        assert isinstance(row, BoundRow) and set(row.empirical) == {10.0, 600.0}
         assert row.lru == lru[row.capacity_blocks] < row.tbs
         assert 0.0 < row.best[1] <= 1.0
