@@ -12,10 +12,19 @@ so a list's oldest and newest runs are one step from its ends. A node with a neg
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-__all__ = ["Link", "StateList", "append_run", "drop_run", "empty_list", "run_blocks", "take_run"]
+__all__ = [
+    "Link",
+    "StateList",
+    "append_run",
+    "chain",
+    "drop_run",
+    "empty_list",
+    "run_blocks",
+    "take_run",
+]
 
 
 class Link:
@@ -123,10 +132,17 @@ def append_run(state_list: StateList, blocks: Sequence[Any], freed_at: float) ->
     last_run.next_run = tail.prev_run = run
     last_block = tail.prev_free_block
     last_block.next_free_block, run.prev_free_block = run, last_block
-    last_block = run
-    for block in blocks:
-        block.prev_free_block = last_block
-        last_block.next_free_block = block
-        last_block = block
+    last_block = chain(run, blocks)
     last_block.next_free_block, tail.prev_free_block = tail, last_block
     return run
+
+
+def chain(after: Any, blocks: Iterable[Any]) -> Any:
+    """Link ``blocks``, in order, behind the node ``after``; return the last node linked (the
+    caller links what follows it)."""
+    last = after
+    for block in blocks:
+        block.prev_free_block = last
+        last.next_free_block = block
+        last = block
+    return last

@@ -53,6 +53,7 @@ from kvcast.exporters.adapters.vllm_lists import (
     Link,
     StateList,
     append_run,
+    chain,
     drop_run,
     empty_list,
     run_blocks,
@@ -340,11 +341,7 @@ class IACFreeBlockQueue:
         state_list = self._pending
         if state_list is None:  # the stock path, step for step
             tail = self.fake_free_list_tail
-            last_block = tail.prev_free_block
-            for block in blocks:
-                block.prev_free_block = last_block
-                last_block.next_free_block = block
-                last_block = block
+            last_block = chain(tail.prev_free_block, blocks)
             last_block.next_free_block, tail.prev_free_block = tail, last_block
             self.num_free_blocks += len(blocks)
             return
@@ -388,11 +385,7 @@ class IACFreeBlockQueue:
             return
         head = self.fake_free_list_head
         first_block = head.next_free_block
-        prev_block = head
-        for block in blocks:
-            block.prev_free_block = prev_block
-            prev_block.next_free_block = block
-            prev_block = block
+        prev_block = chain(head, blocks)
         prev_block.next_free_block, first_block.prev_free_block = first_block, prev_block
         self.num_free_blocks += len(blocks)
 
