@@ -186,6 +186,15 @@ def _unimodal(values: Sequence[float], last_peak: int) -> list[float]:
     return out
 
 
+def value_changes(values: Sequence[float]) -> list[int]:
+    """For each bucket of a curve on the age grid, the next bucket whose value differs
+    (``AGE_BUCKETS``: none)."""
+    found = [AGE_BUCKETS] * len(values)
+    for k in range(len(values) - 2, -1, -1):
+        found[k] = k + 1 if values[k + 1] != values[k] else found[k + 1]
+    return found
+
+
 class DensityCurve:
     """One state's hit density (per unit of size) on the age grid, for a horizon.
 
@@ -207,13 +216,9 @@ class DensityCurve:
     def changes(self) -> list[int]:
         """For each bucket, the next bucket whose value differs (``AGE_BUCKETS``: none): when a
         cached block's key must be recomputed (built once per curve)."""
-        found = self._changes
-        if found is None:
-            values, found = self.values, [AGE_BUCKETS] * len(self.values)
-            for k in range(len(values) - 2, -1, -1):
-                found[k] = k + 1 if values[k + 1] != values[k] else found[k + 1]
-            self._changes = found
-        return found
+        if self._changes is None:
+            self._changes = value_changes(self.values)
+        return self._changes
 
     def drops(self) -> list[int]:
         """For each bucket, the next bucket of a lower value (``AGE_BUCKETS``: none). Until then

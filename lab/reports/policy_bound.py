@@ -41,11 +41,10 @@ from kvcast.lab.reports.policy_report import default_workloads, write_between_ma
 from kvcast.lab.reports.policy_results import GAP_SHARE, Workload, gap_closed
 from kvcast.lab.sim.block_cache import BlockCache, BlockLayout, block_layout
 from kvcast.lab.sim.block_policies import Density, learn_table
-from kvcast.lab.sim.measurement import measured_requests
 from kvcast.lab.sim.policy_tables import history_mask, intent_labels
-from kvcast.lab.sim.registry import simulate
+from kvcast.lab.sim.registry import measure, simulate
 from kvcast.lab.sim.trace import SimTrace
-from kvcast.stats.density import AGE_BUCKETS, bucket_age
+from kvcast.stats.density import AGE_BUCKETS, bucket_age, value_changes
 from kvcast.stats.priority import PriorityIndex
 
 MIN_SAMPLES = 30  # requests of a state below which it takes its intent's pooled law
@@ -94,10 +93,7 @@ class InSampleDensity(Density):
         values = self.given[request]
         changes = self.given_changes.get(id(values))
         if changes is None:
-            changes = [AGE_BUCKETS] * AGE_BUCKETS
-            for k in range(AGE_BUCKETS - 2, -1, -1):
-                changes[k] = k + 1 if values[k + 1] != values[k] else changes[k + 1]
-            self.given_changes[id(values)] = changes
+            changes = self.given_changes[id(values)] = value_changes(values)
         self.curves[request], self.change[request] = values, changes
 
 
@@ -145,14 +141,6 @@ class BoundRow:
         return float("nan") if found is None else found
 
 
-def _hit_ratio(trace: SimTrace, hits: NDArray[np.int64], wl: Workload) -> float:
-    mask, _ = measured_requests(
-        trace.conversation, trace.timestamp, trace.conversations,
-        wl.warmup_fraction, wl.cooldown_fraction,
-    )  # fmt: skip
-    return float(hits[mask].sum() / trace.blocks[mask].sum())
-
-
 def bound_rows(
     wl: Workload,
     horizons_s: Sequence[float] = HORIZONS_S,
@@ -182,7 +170,7 @@ def bound_rows(
         found = {}
         for h, per_request in curves.items():
             hits = BlockCache(wl.trace, layout).run(n, InSampleDensity(index, per_request))
-            found[h] = _hit_ratio(wl.trace, hits, wl)
+            found[h] = measure(wl.trace, hits, n, "density, given law", "block", *window).hit_ratio
         rows.append(BoundRow(wl.name, n, lru, tbs, density, found))
     return rows
 

@@ -101,6 +101,27 @@ def simulate(
 ) -> SimResult:
     """Run ``policy`` over ``trace`` with ``capacity_blocks`` and measure its hit ratio."""
     fn = get_policy(policy, granularity)
+    start = time.perf_counter()
+    hits = fn(trace, capacity_blocks, **options)
+    elapsed = time.perf_counter() - start
+    return measure(
+        trace, hits, capacity_blocks, policy, granularity, warmup_fraction, cooldown_fraction,
+        elapsed,
+    )  # fmt: skip
+
+
+def measure(
+    trace: SimTrace,
+    hits: NDArray[np.int64],
+    capacity_blocks: int,
+    policy: str,
+    granularity: str,
+    warmup_fraction: float = 0.2,
+    cooldown_fraction: float = 0.2,
+    elapsed_s: float = 0.0,
+) -> SimResult:
+    """The result of a run that gave ``hits`` (hit blocks per request), over the measured
+    conversations (``warmup_fraction`` / ``cooldown_fraction`` of first-turn times)."""
     mask, n_conv = measured_requests(
         trace.conversation,
         trace.timestamp,
@@ -108,9 +129,6 @@ def simulate(
         warmup_fraction,
         cooldown_fraction,
     )
-    start = time.perf_counter()
-    hits = fn(trace, capacity_blocks, **options)
-    elapsed = time.perf_counter() - start
     hit_blocks = int(hits[mask].sum())
     input_blocks = int(trace.blocks[mask].sum())
     return SimResult(
@@ -126,5 +144,5 @@ def simulate(
         cooldown_fraction=cooldown_fraction,
         requests=len(trace),
         conversations=trace.conversations,
-        elapsed_s=elapsed,
+        elapsed_s=elapsed_s,
     )
