@@ -148,23 +148,38 @@ def assigned_partitions(log: str, worker: bool) -> int:
 def test_two_processes_split_the_partitions_and_match_the_reference(
     tmp_path, kafka_bootstrap, kafka_topic, redis_url, redis_client, redis_namespace
 ) -> None:
-    records: list = []
-    produce(kafka_bootstrap, kafka_topic, soak_workload(6000, seed=4), records)
     args = run_args(kafka_bootstrap, kafka_topic, redis_url, redis_namespace, 2)
     daemon = DaemonProcess(args, tmp_path / "daemon.log")
     try:
+        # The events go in only once both processes hold partitions: produced before, the
+        # primary may consume them all before the worker joins, and the split proves nothing.
+        # The group starts at the earliest offset, so nothing produced after the join is missed.
+        wait_until(
+            lambda: (
+                assigned_partitions(daemon.text(), False) >= 1
+                and assigned_partitions(daemon.text(), True) >= 1
+            ),
+            60,
+            "the primary and worker 1 to hold partitions",
+        )
+        records: list = []
+        produce(kafka_bootstrap, kafka_topic, soak_workload(6000, seed=4), records)
         wait_consumed(redis_client, redis_namespace, kafka_topic, records, 4, 90)
         assert compare(daemon, records) == []
         log = daemon.text()
         primary, worker = assigned_partitions(log, False), assigned_partitions(log, True)
-        assert primary >= 1 and worker >= 1, log[-3000:]
-        # One scrape covers both processes: every partition load of either is counted.
-        time.sleep(1.5)  # a worker report interval
-        metrics = daemon.raw("/metrics").decode()
-        loads = re.search(
-            r'kvcast_store_operation_seconds_count\{operation="load_partition"\} ([\d.]+)', metrics
-        )
-        assert loads and int(float(loads.group(1))) == primary + worker
+
+        # One scrape covers both processes: every partition load of either is counted, once
+        # the worker's next report (every second) has reached the primary.
+        def loads() -> int | None:
+            metrics = daemon.raw("/metrics").decode()
+            found = re.search(
+                r'kvcast_store_operation_seconds_count\{operation="load_partition"\} ([\d.]+)',
+                metrics,
+            )
+            return int(float(found.group(1))) if found else None
+
+        wait_until(lambda: loads() == primary + worker, 10, "the worker's partition loads")
         assert daemon.get("/readyz")["components"]["workers"] == "ok"
         # Each worker logs its own status line (the primary prints the instance's).
         worker_status = r"worker 1 kvcast\.daemon\.runner: kvcast worker \| [\d,]+ events/s \| lag"
