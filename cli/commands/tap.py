@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+import resource
 from pathlib import Path
 
 import click
 
-from kvcast.cli.options import log_format_option
+from kvcast.cli.options import Floats, Ints, log_format_option
 from kvcast.daemon.logs import LogConfig
-from kvcast.daemon.tap import Tap, run_tap
+from kvcast.daemon.tap import MAX_BODY_BYTES, Tap, TapLimits, run_tap
 from kvcast.producer import EventBuilder, KafkaEventProducer
 from kvcast.producer.kafka import kafka_topic_of
 
@@ -63,9 +65,72 @@ def _listen(value: str) -> tuple[str, int]:
     help="Send the messages along for kvcast's intent classifier (user text!).",
 )
 @click.option("--instance", default=None, help="The engine instance's name, on every event.")
+@click.option(
+    "--max-connections",
+    default=4096,
+    show_default=True,
+    type=Ints(min=1),
+    envvar="KVCAST_TAP_MAX_CONNECTIONS",
+    help="Requests upstream at once (more wait for a connection). Needs about two file "
+    "descriptors each: the tap raises its soft limit as far as the hard one allows.",
+)
+@click.option(
+    "--connect-timeout",
+    default=10.0,
+    show_default=True,
+    type=Floats(min=0, finite=True),
+    envvar="KVCAST_TAP_CONNECT_TIMEOUT",
+    help="Seconds to open an upstream connection (0: no limit); beyond: 504.",
+)
+@click.option(
+    "--first-byte-timeout",
+    default=600.0,
+    show_default=True,
+    type=Floats(min=0, finite=True),
+    envvar="KVCAST_TAP_FIRST_BYTE_TIMEOUT",
+    help="Seconds from sending a request to the response's headers (a non-streamed "
+    "request: its whole generation; 0: no limit); beyond: 504.",
+)
+@click.option(
+    "--idle-timeout",
+    default=600.0,
+    show_default=True,
+    type=Floats(min=0, finite=True),
+    envvar="KVCAST_TAP_IDLE_TIMEOUT",
+    help="Seconds between two chunks of a response (0: no limit); beyond, the response is "
+    "cut. There is no limit on a response's total time.",
+)
+@click.option(
+    "--max-body-bytes",
+    default=MAX_BODY_BYTES,
+    show_default=True,
+    type=Ints(min=1),
+    envvar="KVCAST_TAP_MAX_BODY_BYTES",
+    help="Largest request body (bytes); larger: 413.",
+)
+@click.option(
+    "--max-event-bytes",
+    default=16 << 20,
+    show_default=True,
+    type=Ints(min=1),
+    envvar="KVCAST_TAP_MAX_EVENT_BYTES",
+    help="Bytes of a response kept to build its event; beyond, that event is dropped "
+    "(counted, logged) and the response is relayed all the same.",
+)
+@click.option(
+    "--identity-header",
+    "identity_headers",
+    multiple=True,
+    envvar="KVCAST_TAP_IDENTITY_HEADER",
+    help="Request header naming the user or session (repeatable or comma-separated, e.g. "
+    "x-user-id,x-session-id): the first present becomes the event's identity.",
+)
 @log_format_option
 def tap_command(listen: str, upstream: str, source: str, hash_key_file: Path, block_size: int,
-                include_text: bool, instance: str | None, log_format: str) -> None:  # fmt: skip
+                include_text: bool, instance: str | None, max_connections: int,
+                connect_timeout: float, first_byte_timeout: float, idle_timeout: float,
+                max_body_bytes: int, max_event_bytes: int, identity_headers: tuple[str, ...],
+                log_format: str) -> None:  # fmt: skip
     """Proxy an OpenAI-compatible engine (vLLM, SGLang) and send kvcast an event per request.
 
     /v1/chat/completions and /v1/completions (streaming or not) are forwarded and turned into
@@ -88,10 +153,40 @@ def tap_command(listen: str, upstream: str, source: str, hash_key_file: Path, bl
         raise click.BadParameter(
             f"{hash_key_file}: {exc}", param_hint="'--hash-key-file'"
         ) from None
+    names = tuple(n.strip() for value in identity_headers for n in value.split(",") if n.strip())
+    limits = TapLimits(
+        max_connections=max_connections,
+        connect_timeout_s=connect_timeout or None,
+        first_byte_timeout_s=first_byte_timeout or None,
+        idle_timeout_s=idle_timeout or None,
+        max_body_bytes=max_body_bytes,
+        max_event_bytes=max_event_bytes,
+        identity_headers=names,
+    )
     LogConfig("info", log_format).configure()
+    _raise_file_limit(2 * max_connections + 256)
     producer = KafkaEventProducer(bootstrap, topic, builder)
+    tap = Tap(upstream, producer, limits=limits)
     try:
-        run_tap(Tap(upstream, producer), host, port)
+        run_tap(tap, host, port)
     finally:
         producer.close()
-        click.echo(f"kvcast tap: {producer.sent} events sent, {producer.dropped} dropped", err=True)
+        dropped = sum(v for k, v in tap.counts.items() if k.startswith("events_dropped_"))
+        click.echo(f"kvcast tap: {producer.sent} events sent, {producer.dropped} dropped by "
+                   f"the producer, {dropped} by the tap", err=True)  # fmt: skip
+
+
+def _raise_file_limit(wanted: int) -> None:
+    """Raise the soft limit on open files towards ``wanted`` (each proxied request holds two
+    sockets); warn when the hard limit is lower."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        if target < wanted:
+            logging.getLogger(__name__).warning(
+                "kvcast tap: open-file limit %d is below the %d that --max-connections "
+                "needs; raise it (ulimit -n) or lower --max-connections",
+                target,
+                wanted,
+            )

@@ -42,9 +42,12 @@ class Servers:
         self.thread.start()
         self.hold = asyncio.run_coroutine_threadsafe(self._event(), self.loop).result(10)
         upstream = self.upstream_app = standin_app(hold_after_first_word=self.hold)
-        tap = Tap(f"http://127.0.0.1:{self.upstream_port}", self.producer).app()
-        for app, port in ((upstream, self.upstream_port), (tap, self.tap_port)):
-            asyncio.run_coroutine_threadsafe(self._serve(app, port), self.loop).result(10)
+        asyncio.run_coroutine_threadsafe(self._serve(upstream, self.upstream_port),
+                                         self.loop).result(10)  # fmt: skip
+        tap = Tap(f"http://127.0.0.1:{self.upstream_port}", self.producer)
+        runner = asyncio.run_coroutine_threadsafe(tap.start("127.0.0.1", self.tap_port),
+                                                  self.loop).result(10)  # fmt: skip
+        self.runners.append(runner)
         return self
 
     async def _event(self) -> asyncio.Event:
