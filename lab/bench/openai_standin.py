@@ -6,8 +6,15 @@ same paths and bodies. For ``kvcast tap``'s tests and benchmark.
   it; with ``stream``: server-sent events (a role chunk, one chunk a word 10 ms apart, a finish
   chunk, the usage chunk when ``stream_options.include_usage``, ``data: [DONE]``). Built with
   ``hold_after_first_word``, a stream waits after its first word until that event is set (at
-  most ``HOLD_S``; ``app[HELD_TOO_LONG]`` then turns True): a test releases it only once its
+  most ``HOLD_S``; ``app[GAUGE].held_too_long`` then turns True): a test releases it only once its
   client has read the first word, which proves the word was relayed before the stream ended.
+  ``app[GAUGE]`` counts the streams open at once (``open``, ``most``); built with
+  ``hold_until_open=N``, every stream waits after its first word until N are open at once (at
+  most ``HOLD_S``): a test or the benchmark proves that N streams reached the engine together.
+- ``max_tokens`` (benchmark): the reply is that many words instead, ``word_interval_s`` apart
+  (after a random phase of up to one interval once held, so streams do not beat in step); with
+  ``stamp``, each chunk carries ``"sent_s"``, the stand-in's ``time.monotonic()`` when it was
+  written (one clock for every process of the machine), so a client can time each chunk's trip.
 - ``GET /v1/models``: one model.
 """
 
@@ -15,14 +22,37 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
+import time
 import uuid
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
 WORD_INTERVAL_S = 0.01
 HOLD_S = 5.0
+
+
+@dataclass
+class Gauge:
+    """Streams open at once: now, the most seen, and ``all_open`` once ``wanted`` were."""
+
+    wanted: int | None = None
+    open: int = 0
+    most: int = 0
+    held_too_long: bool = False  # a hold ran out (what was waited for never came)
+    all_open: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def opened(self) -> None:
+        self.open += 1
+        self.most = max(self.most, self.open)
+        if self.wanted is not None and self.open >= self.wanted:
+            self.all_open.set()
+
+
 HOLD = web.AppKey("hold", asyncio.Event)
-HELD_TOO_LONG = web.AppKey("held_too_long", bool)
+GAUGE = web.AppKey("gauge", Gauge)
+SETTINGS = web.AppKey("settings", dict)
 
 
 def reply_to(messages: list[dict]) -> str:
@@ -36,7 +66,11 @@ async def chat(request: web.Request) -> web.StreamResponse:
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": 3,
              "total_tokens": prompt_tokens + 3,
              "prompt_tokens_details": {"cached_tokens": prompt_tokens // 2}}  # fmt: skip
-    text = reply_to(messages)
+    settings = request.app[SETTINGS]
+    words = body.get("max_tokens") if settings["long_replies"] else None
+    text = (
+        " ".join(["word"] * words) if isinstance(words, int) and words > 0 else reply_to(messages)
+    )
     # Unique per response, as an engine's: the tap makes it the event's request_id.
     base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": 1, "model": body["model"]}
     if not body.get("stream"):
@@ -45,23 +79,43 @@ async def chat(request: web.Request) -> web.StreamResponse:
         return web.json_response(
             {**base, "object": "chat.completion", "usage": usage, "choices": [choice]}
         )
+    gauge = request.app[GAUGE]
+    gauge.opened()
+    try:
+        return await _stream(request, body, base, text, usage, settings)
+    finally:
+        gauge.open -= 1
+
+
+async def _stream(request: web.Request, body: dict, base: dict, text: str, usage: dict,
+                  settings: dict) -> web.StreamResponse:  # fmt: skip
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
+    stamp, interval = settings["stamp"], settings["word_interval_s"]
 
     async def send(data: dict) -> None:
+        if stamp:
+            data["sent_s"] = time.monotonic()
         await response.write(f"data: {json.dumps(data)}\n\n".encode())
 
     chunk = {**base, "object": "chat.completion.chunk"}
     await send({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
     hold = request.app.get(HOLD)
+    gauge = request.app[GAUGE]
     for position, word in enumerate(text.split(" ")):
         await send({**chunk, "choices": [{"index": 0, "delta": {"content": word + " "}}]})
-        await asyncio.sleep(WORD_INTERVAL_S)
+        await asyncio.sleep(interval)
         if position == 0 and hold is not None:
             try:
                 await asyncio.wait_for(hold.wait(), HOLD_S)
             except TimeoutError:
-                request.app[HELD_TOO_LONG] = True
+                gauge.held_too_long = True
+        if position == 0 and gauge.wanted is not None:
+            try:
+                await asyncio.wait_for(gauge.all_open.wait(), HOLD_S)
+            except TimeoutError:
+                gauge.held_too_long = True
+            await asyncio.sleep(random.uniform(0, interval))  # out of step
     await send({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
     if (body.get("stream_options") or {}).get("include_usage"):
         await send({**chunk, "choices": [], "usage": usage})
@@ -73,11 +127,21 @@ async def models(_request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
 
 
-def standin_app(hold_after_first_word: asyncio.Event | None = None) -> web.Application:
+def standin_app(
+    hold_after_first_word: asyncio.Event | None = None,
+    *,
+    hold_until_open: int | None = None,
+    word_interval_s: float = WORD_INTERVAL_S,
+    long_replies: bool = False,
+    stamp: bool = False,
+) -> web.Application:
+    """The stand-in (see the module's docstring); ``long_replies``: honour ``max_tokens``."""
     app = web.Application()
+    app[GAUGE] = Gauge(wanted=hold_until_open)
+    app[SETTINGS] = {"word_interval_s": word_interval_s, "long_replies": long_replies,
+                     "stamp": stamp}  # fmt: skip
     if hold_after_first_word is not None:
         app[HOLD] = hold_after_first_word
-        app[HELD_TOO_LONG] = False
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/v1/models", models)
     return app
@@ -90,9 +154,15 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--listen", default="127.0.0.1:8000", help="HOST:PORT")
-    host, _, port = parser.parse_args().listen.rpartition(":")
+    parser.add_argument("--hold-until-open", type=int, default=None, help="streams (benchmark)")
+    parser.add_argument("--word-interval", type=float, default=WORD_INTERVAL_S, help="seconds")
+    parser.add_argument("--bench", action="store_true", help="max_tokens words, stamped chunks")
+    args = parser.parse_args()
+    host, _, port = args.listen.rpartition(":")
+    app = standin_app(hold_until_open=args.hold_until_open, word_interval_s=args.word_interval,
+                      long_replies=args.bench, stamp=args.bench)  # fmt: skip
     print(f"openai stand-in listening on {host}:{port}", flush=True)
-    web.run_app(standin_app(), host=host, port=int(port), print=None)
+    web.run_app(app, host=host, port=int(port), print=None, backlog=4096, access_log=None)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from kvcast.daemon.tap import Tap
-from kvcast.lab.bench.openai_standin import HELD_TOO_LONG, standin_app
+from kvcast.lab.bench.openai_standin import GAUGE, standin_app
 from kvcast.lab.bench.processes import free_port
 from kvcast.producer import EventBuilder, KafkaEventProducer
 from tests.producer.test_kafka_producer import read_back
@@ -121,4 +121,4 @@ def test_the_tap_relays_a_stream_as_it_arrives(tapped) -> None:
             words.append(chunk.choices[0].delta.content)
             servers.release()  # the first word came through while the stream was held
     assert words == ["answer ", "40 "]
-    assert servers.upstream_app[HELD_TOO_LONG] is False
+    assert servers.upstream_app[GAUGE].held_too_long is False
