@@ -49,6 +49,11 @@ class Gauge:
         if self.wanted is not None and self.open >= self.wanted:
             self.all_open.set()
 
+    def closed(self) -> None:
+        self.open -= 1
+        if self.open == 0:  # the next wave is held again
+            self.all_open.clear()
+
 
 HOLD = web.AppKey("hold", asyncio.Event)
 GAUGE = web.AppKey("gauge", Gauge)
@@ -84,7 +89,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     try:
         return await _stream(request, body, base, text, usage, settings)
     finally:
-        gauge.open -= 1
+        gauge.closed()
 
 
 async def _stream(request: web.Request, body: dict, base: dict, text: str, usage: dict,
