@@ -44,7 +44,7 @@ class Servers:
         upstream = self.upstream_app = standin_app(hold_after_first_word=self.hold)
         asyncio.run_coroutine_threadsafe(self._serve(upstream, self.upstream_port),
                                          self.loop).result(10)  # fmt: skip
-        tap = Tap(f"http://127.0.0.1:{self.upstream_port}", self.producer)
+        tap = self.tap = Tap(f"http://127.0.0.1:{self.upstream_port}", self.producer)
         runner = asyncio.run_coroutine_threadsafe(tap.start("127.0.0.1", self.tap_port),
                                                   self.loop).result(10)  # fmt: skip
         self.runners.append(runner)
@@ -122,3 +122,23 @@ def test_the_tap_relays_a_stream_as_it_arrives(tapped) -> None:
             servers.release()  # the first word came through while the stream was held
     assert words == ["answer ", "40 "]
     assert servers.upstream_app[GAUGE].held_too_long is False
+
+
+@pytest.mark.parametrize("kafka_topic", [1], indirect=True)
+def test_a_stream_the_client_stops_still_reaches_kafka(
+    tapped, kafka_bootstrap: str, kafka_topic: str
+) -> None:
+    """The real ``openai`` client reads the first word and closes the stream (the stand-in is
+    holding it): the event of what was served still reaches the broker (before: none)."""
+    servers, client = tapped
+    messages = [{"role": "user", "content": "tell me everything"}]
+    stream = client.chat.completions.create(model="m", messages=messages, stream=True)
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            break  # the first word
+    stream.close()
+    records = read_back(kafka_bootstrap, kafka_topic, 1, 1)
+    servers.release()
+    event = json.loads(records[0][2])
+    assert event["turn"] == 1 and event["input_tokens"] == 0  # no usage chunk was served
+    assert servers.tap.counts["cut_client_disconnect"] == 1

@@ -637,3 +637,48 @@ def test_keywords_an_older_builder_lacks_are_left_out(loop: Loop) -> None:
         post(proxy, STREAM_REQUEST, headers={"Authorization": "Bearer sk-1"})
         wait_until(lambda: recorder.calls, 10, "the event")
     assert set(recorder.calls[0][2]) == {"arrival_s"}
+
+
+def test_a_request_body_over_the_limit_gets_413(loop: Loop) -> None:
+    async def engine(_request: bytes, _reader: asyncio.StreamReader,
+                     writer: asyncio.StreamWriter) -> None:  # fmt: skip
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+        await writer.drain()
+
+    with proxied(loop, engine, max_body_bytes=1000) as (upstream, proxy):
+        response, _body = post(proxy, b'{"model": "m", "prompt": "' + b"p" * 2000 + b'"}')
+    assert response.status == 413
+    assert upstream.requests == []
+
+
+def test_a_slow_recorder_bounds_the_events_waiting_never_the_responses(loop: Loop) -> None:
+    """The recorder blocks (a builder stuck on a huge history): responses go on, the events
+    queued behind it are bounded by --max-pending bytes, the one beyond is dropped, counted."""
+    release = threading.Event()
+
+    class Stuck(Recorded):
+        def record(self, request: Any, response: Any = None, **context: Any) -> None:
+            release.wait(10)
+            super().record(request, response, **context)
+
+    async def engine(_request: bytes, _reader: asyncio.StreamReader,
+                     writer: asyncio.StreamWriter) -> None:  # fmt: skip
+        writer.write(SSE_HEAD + chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        await writer.drain()
+
+    big = json.dumps(
+        {
+            "model": "m",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "h" * 40_000}],
+        }
+    ).encode()
+    recorder = Stuck()
+    with proxied(loop, engine, recorder, max_pending_bytes=100_000) as (_upstream, proxy):
+        statuses = [post(proxy, big)[0].status for _ in range(3)]  # all while the worker is stuck
+        dropped = proxy.tap.counts["events_dropped_backlog"]
+        release.set()
+        wait_until(lambda: len(recorder.calls) == 2, 10, "the two queued events")
+    assert statuses == [200, 200, 200]
+    assert dropped == 1
