@@ -10,6 +10,13 @@ Standard library only: it runs inside the serving stack (a router callback, a pr
   (about 200 bytes each); a request is looked up by the keyed hashes of its message prefixes,
   longest first. A prompt request (completions API) has no history: it is turn 1 of a new
   session unless the caller says otherwise.
+- **Identity** (the caller's ``identity``, else the body's OpenAI ``user`` field, else a keyed
+  hash of ``api_key``) seeds every history key: two users with the same history never share a
+  session. Without one, a request that continues a recovered session whose next turn another
+  history already took starts a **branch**: a new session id, turn numbering continued, and
+  ``branch_of`` naming the session it left. The same history asked again (by the same
+  identity, or without one past turn 1) is a **retry**: same session and turn, ``retry`` = n,
+  its own ``request_id``. Each answered conversation costs about 600 bytes (three LRU maps).
 - **block_hashes**: a chain of keyed hashes (HMAC-SHA-256 with the deployment's secret), one
   per full block of ``block_size`` tokens when the caller has the token ids, else one per
   ``block_size * 4`` characters of the prompt text (about ``block_size`` tokens). Each block's
@@ -66,7 +73,14 @@ class EventBuilder:
         self.include_text = include_text
         self.instance = instance
         self._max = max_conversations
+        # history + its reply -> (session, turn): what the next turn's history extends
         self._answered: OrderedDict[bytes, tuple[str, int]] = OrderedDict()
+        # a request's own history -> [session, turn, retries]: the same history asked again
+        self._asked: OrderedDict[bytes, list[Any]] = OrderedDict()
+        # (session, turn) -> the history that took it: another history there is a branch
+        self._taken: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        self.retries = 0  # requests recognised as retries (a regenerated answer)
+        self.branches = 0  # requests that started a branch of a recovered session
 
     def build(
         self,
@@ -78,27 +92,54 @@ class EventBuilder:
         turn: int | None = None,
         intent: str | None = None,
         token_ids: Sequence[int] | None = None,
+        identity: str | None = None,
+        api_key: str | None = None,
+        cut: str | None = None,
     ) -> dict[str, Any]:
         """The event of one request. ``request``: the OpenAI-compatible body (``messages`` or
         ``prompt``); ``response``: the response body (its ``usage``, ``id`` and reply), or for
         a stream the final chunk with ``usage`` plus the reply as ``choices[0].message``.
         ``arrival_s``: when the request arrived (Unix seconds; default now). ``token_ids``:
-        the prompt's token ids, when the caller has them (exact block hashes)."""
+        the prompt's token ids, when the caller has them (exact block hashes).
+        ``identity``: an opaque caller identity (a configured header's value); ``api_key``:
+        the raw API key, only ever used through a keyed hash, never stored or emitted;
+        ``cut``: why the response was cut short (``client_disconnect``, ``upstream_error``,
+        ``timeout``, ...), put in the event as ``cut``."""
         response = response or {}
         messages = _messages(request.get("messages"))
-        keys = self._prefix_keys(messages) if messages is not None else []
-        if session_id is None or turn is None:
+        root = self._identity_key(identity, request.get("user"), api_key)
+        keys = self._prefix_keys(messages, root) if messages is not None else []
+        retry = 0
+        branch_of: str | None = None
+        if keys and (session_id is None or turn is None):
             found = self._recover(keys)
-            if found is not None:
-                session_id = session_id or found[0]
-                turn = turn or found[1] + 1
-        session_id = session_id or uuid.uuid4().hex
+            asked = self._asked.get(keys[-1])
+            if (
+                asked is not None
+                and (root or found is not None)
+                and (session_id is None or session_id == asked[0])
+            ):  # the same history asked again: a retry of that request
+                self._asked.move_to_end(keys[-1])
+                asked[2] += 1
+                retry = asked[2]
+                session_id, turn = asked[0], turn or asked[1]
+                self.retries += 1
+            elif found is not None:
+                next_turn = turn or found[1] + 1
+                taken = self._taken.get((session_id or found[0], next_turn))
+                if session_id is None and taken is not None and taken != keys[-1]:
+                    branch_of = found[0]  # another history took that turn: branch off
+                    self.branches += 1
+                else:
+                    session_id = session_id or found[0]
+                turn = next_turn
+        session_id = (session_id or uuid.uuid4().hex)[:MAX_SESSION_ID_CHARS]
         turn = turn or 1
         usage = response.get("usage") or {}
         input_tokens = _count(usage.get("prompt_tokens"))
         event: dict[str, Any] = {
             "schema": SCHEMA_VERSION,
-            "session_id": session_id[:MAX_SESSION_ID_CHARS],
+            "session_id": session_id,
             "turn": turn,
             "timestamp": time.time() if arrival_s is None else arrival_s,
             "input_tokens": input_tokens,
@@ -110,6 +151,14 @@ class EventBuilder:
         request_id = response.get("id")
         if isinstance(request_id, str) and 0 < len(request_id) <= 512:
             event["request_id"] = request_id
+        elif retry:  # the default (session, turn) id would make the daemon drop it as a duplicate
+            event["request_id"] = f"{session_id}\x1f{turn}\x1fretry {retry}"
+        if retry:
+            event["retry"] = retry
+        if branch_of is not None:
+            event["branch_of"] = branch_of
+        if isinstance(cut, str) and cut:
+            event["cut"] = cut[:64]
         if intent is not None:
             event["intent"] = intent
         if self.instance is not None:
@@ -122,10 +171,13 @@ class EventBuilder:
                 event["messages"] = messages
             elif isinstance(request.get("prompt"), str):
                 event["prompt"] = request["prompt"]
-        if messages is not None:
+        if keys:
+            if not retry:
+                self._put(self._asked, keys[-1], [session_id, turn, 0])
+                self._put(self._taken, (session_id, turn), keys[-1])
             reply = _reply(response)
             if reply is not None:  # the key the next turn's history will start with
-                self._remember(self._chain(keys[-1] if keys else b"", reply), session_id, turn)
+                self._put(self._answered, self._chain(keys[-1], reply), (session_id, turn))
         return event
 
     # -- turn recovery -------------------------------------------------------------------------
@@ -136,9 +188,19 @@ class EventBuilder:
         return hmac.digest(self._secret, parent + canonical.encode("utf-8", "surrogatepass"),
                            "sha256")  # fmt: skip
 
-    def _prefix_keys(self, messages: list[dict[str, str]]) -> list[bytes]:
-        """Keyed hashes of messages[:1], messages[:2], ..., each chained on the one before."""
-        keys, key = [], b""
+    def _identity_key(self, identity: Any, user: Any, api_key: Any) -> bytes:
+        """The keyed hash every history key of this caller chains on (b"": no identity).
+        The kind is part of it, so a header and a ``user`` field with one value stay apart."""
+        for kind, value in ((b"identity", identity), (b"user", user), (b"api_key", api_key)):
+            if isinstance(value, str) and value:
+                data = kind + b"\x1f" + value.encode("utf-8", "surrogatepass")
+                return hmac.digest(self._secret, data, "sha256")
+        return b""
+
+    def _prefix_keys(self, messages: list[dict[str, str]], root: bytes = b"") -> list[bytes]:
+        """Keyed hashes of messages[:1], messages[:2], ..., each chained on the one before
+        (the first on ``root``, the caller's identity)."""
+        keys, key = [], root
         for message in messages:
             key = self._chain(key, message)
             keys.append(key)
@@ -153,11 +215,13 @@ class EventBuilder:
                 return found
         return None
 
-    def _remember(self, key: bytes, session_id: str, turn: int) -> None:
-        self._answered[key] = (session_id, turn)
-        self._answered.move_to_end(key)
-        while len(self._answered) > self._max:
-            self._answered.popitem(last=False)
+    def _put(self, table: OrderedDict[Any, Any], key: Any, value: Any) -> None:
+        """Set ``key`` as the most recent entry of ``table``; drop the least recent beyond
+        ``max_conversations``."""
+        table[key] = value
+        table.move_to_end(key)
+        while len(table) > self._max:
+            table.popitem(last=False)
 
     # -- block hashes ---------------------------------------------------------------------------
 
