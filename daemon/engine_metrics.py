@@ -13,22 +13,34 @@ SGLang 0.5 ``sglang/srt/observability/metrics_collector.py``):
 - capacity and block size from vLLM's ``vllm:cache_config_info`` labels ``num_gpu_blocks``
   and ``block_size``.
 
-The ``engine`` label of ``kvcast_engine_hit_ratio`` is the endpoint's ``host:port``; ``model``
-is the engine's ``model_name`` label. Standard library and prometheus-client only.
+The ``engine`` label of ``kvcast_engine_hit_ratio`` is the endpoint's URL (without credentials
+or query); ``model`` is the engine's ``model_name`` label. Standard library and
+prometheus-client only.
+
+Each endpoint is scraped by a thread of its own, with a deadline for the whole scrape (connect,
+headers, body), so an endpoint that hangs, drips or answers garbage delays no other. Every
+failure is caught, counted (``kvcast_engine_scrape_errors_total{engine,reason}``) and logged at
+most once a minute per endpoint; after ``STALE_AFTER_FAILURES`` failed scrapes in a row the
+endpoint's ratios are withdrawn. A ratio that is not finite or outside [0, 1] is rejected
+(reason ``bad_value``), never exported; a model an endpoint no longer reports is dropped at its
+next good scrape; at most ``MAX_MODELS_PER_ENGINE`` models are kept per endpoint.
 """
 
 from __future__ import annotations
 
+import base64
+import http.client
+import io
 import logging
+import math
+import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -37,6 +49,7 @@ __all__ = [
     "EngineReading",
     "EngineScraper",
     "HitRatioWindow",
+    "ScrapeError",
     "engine_capacity",
     "parse_engine_metrics",
     "scrape",
@@ -54,6 +67,9 @@ COUNTER_PAIRS = (
 GAUGE_RATIOS = ("sglang:cache_hit_rate",)
 CACHE_CONFIG = "vllm:cache_config_info"
 MAX_BODY_BYTES = 8 << 20  # an engine's /metrics is well under this
+STALE_AFTER_FAILURES = 3  # failed scrapes in a row before an endpoint's ratios are withdrawn
+MAX_MODELS_PER_ENGINE = 64  # an endpoint serving more is misbehaving (labels must stay bounded)
+LOG_EVERY_S = 60.0  # at most one warning a minute per endpoint while it keeps failing
 
 
 @dataclass(frozen=True)
@@ -61,7 +77,7 @@ class EngineReading:
     """One model on one endpoint at one scrape: cumulative counts (tokens or blocks, as the
     engine counts them) or, without counters, the engine's own ratio (0-1)."""
 
-    engine: str  # host:port
+    engine: str  # the endpoint's URL, without credentials or query
     model: str
     hits: float | None = None
     queries: float | None = None
@@ -77,9 +93,23 @@ class EngineCapacity:
     block_size: int
 
 
-def engine_name(url: str) -> str:
+def redacted_url(url: str) -> str:
+    """``url`` without credentials, query or fragment: what names an endpoint in labels and
+    logs (a token in a query string stays out of both)."""
     parts = urlsplit(url)
-    return parts.netloc or url
+    host = parts.hostname or ""
+    if ":" in host:  # an IPv6 literal
+        host = f"[{host}]"
+    try:
+        port = f":{parts.port}" if parts.port is not None else ""
+    except ValueError:  # a port that is not a number: keep what was written
+        port = ":" + parts.netloc.rpartition(":")[2]
+    return f"{parts.scheme}://{host}{port}{parts.path}" if parts.scheme else url
+
+
+def engine_name(url: str) -> str:
+    """The ``engine`` label: the endpoint's URL (two paths on one host:port are two engines)."""
+    return redacted_url(url)
 
 
 def parse_engine_metrics(
@@ -114,7 +144,7 @@ def parse_engine_metrics(
             if queries is not None:
                 readings[model] = EngineReading(engine, model, hits=hits, queries=queries)
     for (_name, model), ratio in gauges.items():
-        if model not in readings and 0.0 <= ratio <= 1.0:
+        if model not in readings:  # checked by the scraper (a ratio out of range is counted)
             readings[model] = EngineReading(engine, model, ratio=ratio)
     return list(readings.values()), capacities
 
@@ -129,35 +159,172 @@ def _capacity(engine: str, labels: dict[str, str]) -> EngineCapacity | None:
     return EngineCapacity(engine, blocks, block_size)
 
 
-def scrape(url: str, timeout_s: float) -> str:
-    """The endpoint's exposition text; OSError (URLError, timeouts) or ValueError on failure."""
-    request = urllib.request.Request(url, headers={"Accept": "text/plain"})
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+class ScrapeError(Exception):
+    """One scrape failed; ``reason`` is the label of ``kvcast_engine_scrape_errors_total``."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        # A peer's bytes end up in the message: one line, printable, bounded (logs, errors).
+        line = " ".join("".join(c if c.isprintable() else " " for c in message).split())
+        super().__init__(line if len(line) <= 200 else line[:197] + "...")
+        self.reason = reason
+
+
+class _DeadlineSocket:
+    """The connected socket, its reads each allowed only what is left of one deadline
+    (monotonic seconds), so a peer that drips one byte at a time cannot stretch a scrape past
+    it. http.client reads the reply through :meth:`makefile` and may close the connection
+    before the body is read: the socket closes when both are done with it, as a plain
+    socket's ``makefile`` does."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock, self._deadline = sock, deadline
+        self._users = 1  # this wrapper; each reader adds one
+
+    def makefile(self, mode: str, *args: Any, **kwargs: Any) -> io.BufferedReader:
+        self._users += 1
+        return io.BufferedReader(_DeadlineReader(self))
+
+    def recv_into(self, buffer: Any) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the scrape's deadline passed")
+        self._sock.settimeout(left)
+        return self._sock.recv_into(buffer)
+
+    def sendall(self, data: bytes) -> None:
+        self._sock.sendall(data)
+
+    def release(self) -> None:
+        self._users -= 1
+        if self._users == 0:
+            self._sock.close()
+
+    def close(self) -> None:
+        self.release()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+class _DeadlineReader(io.RawIOBase):
+    def __init__(self, sock: _DeadlineSocket) -> None:
+        self._socket = sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        return self._socket.recv_into(buffer)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._socket.release()
+        super().close()
+
+
+def _connection(url: str, deadline: float) -> tuple[http.client.HTTPConnection, str]:
+    parts = urlsplit(url)
+    left = max(deadline - time.monotonic(), 0.001)
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    host = parts.hostname or ""
+    connection = kind(host, parts.port, timeout=left)
+    connection.connect()
+    connection.sock = _DeadlineSocket(connection.sock, deadline)  # type: ignore[assignment]
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return connection, target
+
+
+def scrape(url: str, deadline_s: float) -> str:
+    """The endpoint's exposition text, within ``deadline_s`` seconds in all (connect, headers
+    and body together); :class:`ScrapeError` with a reason on any failure."""
+    deadline = time.monotonic() + deadline_s
+    connection = None
+    try:
+        connection, target = _connection(url, deadline)
+        headers = {"Accept": "text/plain", "User-Agent": "kvcast"}
+        parts = urlsplit(url)
+        if parts.username is not None:
+            token = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+            headers["Authorization"] = "Basic " + base64.b64encode(token).decode()
+        connection.request("GET", target, headers=headers)
+        response = connection.getresponse()
+        if response.status != 200:
+            raise ScrapeError("status", f"HTTP {response.status} {response.reason}")
         body = response.read(MAX_BODY_BYTES + 1)
+    except ScrapeError:
+        raise
+    except TimeoutError as exc:  # socket.timeout is TimeoutError since Python 3.10
+        raise ScrapeError("timeout", f"no whole reply within {deadline_s:g} s ({exc})") from None
+    except http.client.HTTPException as exc:  # not HTTP, > 100 headers, a bad chunk, cut short
+        message = f"not a valid HTTP reply ({type(exc).__name__}: {exc})"
+        raise ScrapeError("protocol", message) from None
+    except ValueError as exc:  # a chunk size that is not hex; a bad port in the URL
+        raise ScrapeError("protocol", f"not a valid HTTP reply (ValueError: {exc})") from None
+    except OSError as exc:
+        raise ScrapeError("connect", f"{type(exc).__name__}: {exc}") from None
+    finally:
+        if connection is not None:
+            connection.close()
     if len(body) > MAX_BODY_BYTES:
-        raise ValueError(f"{url}: more than {MAX_BODY_BYTES} bytes of metrics")
+        raise ScrapeError("too_large", f"more than {MAX_BODY_BYTES} bytes of metrics")
     return body.decode("utf-8", errors="replace")
 
 
-def engine_capacity(urls: Sequence[str], timeout_s: float = 5.0) -> tuple[int, int, int]:
+def _read(
+    fetch: Callable[[str, float], str], url: str, deadline_s: float
+) -> tuple[list[EngineReading], list[EngineCapacity]]:
+    """One endpoint's readings and capacities; :class:`ScrapeError` on any failure."""
+    text = fetch(url, deadline_s)
+    try:
+        return parse_engine_metrics(text, engine_name(url))
+    except Exception as exc:  # the exposition parser raises more than ValueError on garbage
+        raise ScrapeError("parse", f"not Prometheus text ({type(exc).__name__}: {exc})") from None
+
+
+def engine_capacity(
+    urls: Sequence[str],
+    timeout_s: float = 5.0,
+    fetch: Callable[[str, float], str] = scrape,
+) -> tuple[int, int, int]:
     """``(capacity_blocks per instance, block_size, instances)`` from the vLLM endpoints
-    among ``urls``; ValueError naming the endpoint when none says, or they disagree."""
+    among ``urls``, all scraped at once within ``timeout_s`` seconds; ValueError naming every
+    endpoint that failed (one line), or when none says, or when they disagree."""
+    results: dict[str, list[EngineCapacity] | ScrapeError] = {}
+
+    def read(url: str) -> None:
+        try:
+            results[url] = _read(fetch, url, timeout_s)[1]
+        except ScrapeError as exc:
+            results[url] = exc
+        except Exception as exc:  # never a traceback at start-up
+            results[url] = ScrapeError("internal", f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=read, args=(url,), daemon=True) for url in urls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout_s + 1.0)
     found: list[EngineCapacity] = []
     problems: list[str] = []
     for url in urls:
-        try:
-            _readings, capacities = parse_engine_metrics(scrape(url, timeout_s), engine_name(url))
-        except (OSError, ValueError) as exc:
-            problems.append(f"{url}: {exc}")
-            continue
-        if not capacities:
-            problems.append(f"{url}: no {CACHE_CONFIG} with num_gpu_blocks and block_size")
-        found += capacities[:1]  # one per endpoint: its engine ranks share one config
-    if not found:
+        capacities = results.get(url, ScrapeError("timeout", "no answer within the deadline"))
+        if isinstance(capacities, ScrapeError):
+            problems.append(f"{redacted_url(url)}: {capacities}")
+        elif not capacities:
+            problems.append(
+                f"{redacted_url(url)}: no {CACHE_CONFIG} with num_gpu_blocks and block_size"
+            )
+        else:
+            found += capacities[:1]  # one per endpoint: its engine ranks share one config
+    # An endpoint that failed is an error even when another answered: it would be missing
+    # from --instances without a word.
+    failed = any(not isinstance(results.get(url), list) for url in urls)
+    if failed or not found:
         raise ValueError(
             "--engine-metrics: capacity and block size could not be read ("
             + "; ".join(problems)
-            + "); give --capacity-blocks and --block-size"
+            + "); fix the endpoint, or give --capacity-blocks and --block-size to start"
+            " without it (it is then scraped again every --engine-scrape-interval)"
         )
     sizes = {c.block_size for c in found}
     if len(sizes) > 1:
@@ -199,9 +366,42 @@ class HitRatioWindow:
         return hits / queries if queries > 0 else None
 
 
+def invalid(reading: EngineReading) -> str | None:
+    """Why a reading cannot be a hit ratio (None when it can): not finite, negative, more
+    hits than queries, or a ratio outside [0, 1]."""
+    if reading.ratio is not None:
+        ratio = reading.ratio
+        return None if math.isfinite(ratio) and 0.0 <= ratio <= 1.0 else f"ratio {ratio!r}"
+    hits, queries = reading.hits, reading.queries
+    if hits is None or queries is None:
+        return "no counts"
+    if not (math.isfinite(hits) and math.isfinite(queries)) or hits < 0 or queries < 0:
+        return f"counts hits={hits!r} queries={queries!r}"
+    if hits > queries:
+        return f"more hits ({hits:g}) than queries ({queries:g})"
+    return None
+
+
+@dataclass
+class _Endpoint:
+    """What the scraper knows of one endpoint (guarded by the scraper's lock)."""
+
+    url: str
+    name: str
+    state: str = "not scraped yet"
+    failures: int = 0  # failed scrapes in a row
+    scrapes: int = 0  # good scrapes
+    errors: dict[str, int] = field(default_factory=dict)  # reason -> count
+    windows: dict[str, HitRatioWindow] = field(default_factory=dict)  # model -> counts
+    gauges: dict[str, float] = field(default_factory=dict)  # model -> the engine's ratio
+    logged_at: float = -math.inf
+
+
 class EngineScraper:
-    """Scrapes each URL every ``interval_s`` in a thread of its own; :meth:`metrics` gives
-    ``{"engines": [{"engine", "model", "hit_ratio"}], ...}`` for the metrics view."""
+    """Scrapes each URL every ``interval_s`` seconds, each endpoint in a thread of its own
+    with ``timeout_s`` seconds for a whole scrape; :meth:`metrics` gives ``{"engines":
+    [{"engine", "model", "hit_ratio"}], "engine_states": {url: state},
+    "engine_scrape_errors": [{"engine", "reason", "count"}]}`` for the metrics view."""
 
     def __init__(
         self,
@@ -212,68 +412,128 @@ class EngineScraper:
         clock: Callable[[], float] = time.monotonic,
         fetch: Callable[[str, float], str] = scrape,
     ) -> None:
-        self.urls = tuple(urls)
+        self.urls = tuple(dict.fromkeys(urls))  # one thread per distinct URL
         self.interval_s, self.window_s, self.timeout_s = interval_s, window_s, timeout_s
         self._clock, self._fetch = clock, fetch
         self._lock = threading.Lock()
-        self._windows: dict[tuple[str, str], HitRatioWindow] = {}
-        self._gauges: dict[tuple[str, str], float] = {}
-        self._state: dict[str, str] = dict.fromkeys(self.urls, "not scraped yet")
+        self._endpoints = {url: _Endpoint(url, engine_name(url)) for url in self.urls}
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
     def scrape_once(self) -> None:
+        """One scrape of every endpoint, one after the other (tests; the threads of
+        :meth:`start` scrape each on its own)."""
         for url in self.urls:
-            engine = engine_name(url)
-            try:
-                readings, _capacities = parse_engine_metrics(
-                    self._fetch(url, self.timeout_s), engine
-                )
-            except (OSError, ValueError) as exc:
-                self._set_state(url, f"unavailable: {exc}")
-                continue
-            now = self._clock()
-            with self._lock:
-                for reading in readings:
-                    key = (reading.engine, reading.model)
-                    if reading.ratio is not None:
-                        self._gauges[key] = reading.ratio
-                    elif reading.hits is not None and reading.queries is not None:
-                        window = self._windows.setdefault(key, HitRatioWindow(self.window_s))
-                        window.add(now, reading.hits, reading.queries)
-                self._state[url] = "ok" if readings else "ok (no prefix-cache metrics yet)"
+            self.scrape_endpoint(url)
 
-    def _set_state(self, url: str, state: str) -> None:
+    def scrape_endpoint(self, url: str) -> bool:
+        """One scrape of ``url``; True when it gave a reading. Never raises."""
+        try:
+            readings, _capacities = _read(self._fetch, url, self.timeout_s)
+        except ScrapeError as exc:
+            self._failed(url, exc.reason, str(exc))
+            return False
+        except Exception as exc:  # a bug of ours must not end the endpoint's thread
+            self._failed(url, "internal", f"{type(exc).__name__}: {exc}")
+            return False
+        now = self._clock()
+        rejected: list[str] = []
         with self._lock:
-            previous, self._state[url] = self._state.get(url), state
-        if previous != state:
-            log.warning("engine metrics %s: %s", url, state)
+            endpoint = self._endpoints[url]
+            if len(readings) > MAX_MODELS_PER_ENGINE:
+                endpoint.errors["too_many_models"] = endpoint.errors.get("too_many_models", 0) + 1
+                rejected.append(f"{len(readings)} models, keeping {MAX_MODELS_PER_ENGINE}")
+                readings = sorted(readings, key=lambda r: r.model)[:MAX_MODELS_PER_ENGINE]
+            seen: set[str] = set()
+            for reading in readings:
+                problem = invalid(reading)
+                if problem is not None:
+                    endpoint.errors["bad_value"] = endpoint.errors.get("bad_value", 0) + 1
+                    rejected.append(f"model {reading.model!r}: {problem}")
+                    continue
+                seen.add(reading.model)
+                if reading.ratio is not None:
+                    endpoint.gauges[reading.model] = reading.ratio
+                    endpoint.windows.pop(reading.model, None)
+                else:
+                    window = endpoint.windows.setdefault(
+                        reading.model, HitRatioWindow(self.window_s)
+                    )
+                    window.add(now, reading.hits, reading.queries)  # type: ignore[arg-type]
+                    endpoint.gauges.pop(reading.model, None)
+            for models in (endpoint.windows, endpoint.gauges):  # models no longer served
+                for model in [m for m in models if m not in seen]:
+                    del models[model]
+            endpoint.failures = 0
+            endpoint.scrapes += 1
+            previous = endpoint.state
+            endpoint.state = "ok" if readings else "ok (no prefix-cache metrics yet)"
+            state = endpoint.state
+        if previous != state and previous != "not scraped yet":
+            log.info("engine metrics %s: %s", endpoint.name, state)
+        if rejected:
+            self._log(url, "rejected values: " + "; ".join(rejected[:3]))
+        return True
+
+    def _failed(self, url: str, reason: str, message: str) -> None:
+        with self._lock:
+            endpoint = self._endpoints[url]
+            endpoint.failures += 1
+            endpoint.errors[reason] = endpoint.errors.get(reason, 0) + 1
+            stale = endpoint.failures >= STALE_AFTER_FAILURES
+            if stale:  # its last ratio would be exported forever
+                endpoint.windows.clear()
+                endpoint.gauges.clear()
+            endpoint.state = f"unavailable: {message} ({endpoint.failures} failed in a row)"
+            if stale:
+                endpoint.state += "; its ratios are withdrawn"
+        self._log(url, f"{reason}: {message}")
+
+    def _log(self, url: str, message: str) -> None:
+        """A warning, at most once per ``LOG_EVERY_S`` per endpoint."""
+        now = time.monotonic()
+        with self._lock:
+            endpoint = self._endpoints[url]
+            if now - endpoint.logged_at < LOG_EVERY_S:
+                return
+            endpoint.logged_at = now
+        log.warning("engine metrics %s: %s", endpoint.name, message)
 
     def metrics(self) -> dict[str, Any]:
-        """The metrics view's ``engines`` (hit ratio per engine and model) and their states."""
+        """The metrics view's ``engines`` (hit ratio per engine and model), their states and
+        the scrape errors by endpoint and reason."""
         with self._lock:
-            ratios = {key: w.ratio() for key, w in self._windows.items()}
-            ratios.update(self._gauges)
-            engines = [
-                {"engine": engine, "model": model, "hit_ratio": ratio}
-                for (engine, model), ratio in sorted(ratios.items())
-                if ratio is not None
-            ]
-            return {"engines": engines, "engine_states": dict(self._state)}
+            engines, errors = [], []
+            for endpoint in self._endpoints.values():
+                ratios = {model: w.ratio() for model, w in endpoint.windows.items()}
+                ratios.update(endpoint.gauges)
+                engines += [
+                    {"engine": endpoint.name, "model": model, "hit_ratio": ratio}
+                    for model, ratio in sorted(ratios.items())
+                    if ratio is not None and math.isfinite(ratio) and 0.0 <= ratio <= 1.0
+                ]
+                errors += [
+                    {"engine": endpoint.name, "reason": reason, "count": count}
+                    for reason, count in sorted(endpoint.errors.items())
+                ]
+            states = {url: endpoint.state for url, endpoint in self._endpoints.items()}
+        return {"engines": engines, "engine_states": states, "engine_scrape_errors": errors}
 
     def start(self) -> EngineScraper:
-        self._thread = threading.Thread(
-            target=self._loop, name="kvcast-engine-metrics", daemon=True
-        )
-        self._thread.start()
+        for number, url in enumerate(self.urls):
+            thread = threading.Thread(
+                target=self._loop, args=(url,), name=f"kvcast-engine-metrics-{number}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
         return self
 
-    def _loop(self) -> None:
+    def _loop(self, url: str) -> None:
         while not self._stop.is_set():
-            self.scrape_once()
+            self.scrape_endpoint(url)
             self._stop.wait(self.interval_s)
 
     def close(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.timeout_s + 1.0)
+        for thread in self._threads:
+            thread.join(timeout=self.timeout_s + 1.0)

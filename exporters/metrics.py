@@ -52,6 +52,11 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "Prefix-cache hit ratio an engine reports, over its last scrapes (0-1).",
         ("engine", "model"),
     ),
+    "kvcast_engine_scrape_errors": (
+        "counter",
+        "Failed or rejected scrapes of an --engine-metrics endpoint, by reason.",
+        ("engine", "reason"),
+    ),
     "kvcast_hit_ratio_simulated": (
         "gauge",
         "Hit ratio of the sampled shadow LRU simulation of the stream, by capacity (0-1).",
@@ -228,6 +233,10 @@ class KvcastCollector(Collector):
         for engine in view.engines:
             families["kvcast_engine_hit_ratio"].add_metric(
                 [engine["engine"], engine["model"]], float(engine["hit_ratio"])
+            )
+        for error in view.engine_scrape_errors:
+            families["kvcast_engine_scrape_errors"].add_metric(
+                [error["engine"], error["reason"]], float(error["count"])
             )
         self._classifier(view.classifier, families)
         for operation, latency in view.store_latency.items():

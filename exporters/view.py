@@ -35,6 +35,8 @@ class MetricsView:
     components: dict[str, str] = field(default_factory=dict)
     store_latency: dict[str, Histogram] = field(default_factory=dict)
     classifier: dict[str, Any] | None = None
-    # --engine-metrics: [{"engine": host:port, "model", "hit_ratio"}] and each URL's state
+    # --engine-metrics: [{"engine": URL, "model", "hit_ratio"}], each URL's state and the
+    # failed scrapes so far, [{"engine": URL, "reason", "count"}]
     engines: list[dict[str, Any]] = field(default_factory=list)
     engine_states: dict[str, str] = field(default_factory=dict)
+    engine_scrape_errors: list[dict[str, Any]] = field(default_factory=list)

@@ -98,7 +98,7 @@ class Endpoint:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}/metrics"
-        self.name = f"127.0.0.1:{self.server.server_port}"
+        self.name = self.url  # the engine label: the endpoint's URL
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
