@@ -174,6 +174,44 @@ def bucket_start(k: int) -> float:
     return 2.0 ** (k / PER_OCTAVE) - 1.0
 
 
+def _first_age(k: int) -> float:
+    """The smallest float age (s) that :func:`age_bucket` puts in bucket ``k`` or later:
+    :func:`bucket_start`, moved to the float where ``int(log1p(a) * scale)`` turns."""
+    if k <= 0:
+        return 0.0
+    age = bucket_start(k)
+    while age_bucket(age) >= k:
+        age = math.nextafter(age, -math.inf)
+    while age_bucket(age) < k:
+        age = math.nextafter(age, math.inf)
+    return age
+
+
+_FIRST_AGES = [_first_age(k) for k in range(AGE_BUCKETS)]
+
+
+def flip_time(origin_s: float, bucket: int) -> float:
+    """The clock time (s) from which an item aged since ``origin_s`` (clock s) is in age
+    bucket ``bucket`` or later: a float ``f`` with ``age_bucket(f - origin_s) >= bucket``,
+    as computed in floating point, at most one step of the clock's float grid after the
+    earliest such time.
+
+    Whatever the clock's magnitude (0, ``time.monotonic()`` on a long-running host, epoch
+    seconds, 1e12): an item whose age at ``now`` lies in a lower bucket has a flip time
+    strictly after ``now`` (``a - origin_s`` never falls as ``a`` rises, nor ``age_bucket``
+    as the age does), so a flip handled at ``now`` can never be due at ``now`` again. A nudge
+    by a fixed fraction of a second cannot promise that: at 1.7e9 s the clock's floats are
+    2.4e-7 s apart, at 1e12 s 1.2e-4 s. ``bucket`` in ``1 .. AGE_BUCKETS - 1``.
+    """
+    first = _FIRST_AGES[bucket]
+    when = origin_s + first
+    # The sum rounds to the clock's grid, possibly below origin + first: step up to the next
+    # float (once, barring a pathological origin) until the age there is in the bucket.
+    while when - origin_s < first:
+        when = math.nextafter(when, math.inf)
+    return when
+
+
 def _unimodal(values: Sequence[float], last_peak: int) -> list[float]:
     """Non-decreasing up to the maximum (at the latest at bucket ``last_peak``), non-increasing
     after it (a running max before, a running min after)."""

@@ -13,7 +13,10 @@ stale key is a lower bound and is revalued only when it reaches the front of the
 run, whose value rises, costs no flips. Candidates are never removed: an end's *epoch* counts
 its changes, and a candidate of another epoch is stale and skipped (and dropped in bulk once
 the heap is mostly stale). A flip only says "revalue this end then": an end with a flip due
-no later than its new candidate's needs no other (a list's newer runs fall later).
+no later than its new candidate's needs no other (a list's newer runs fall later). Flip times
+come from :func:`kvcast.stats.density.flip_time`: strictly after the time they are computed at
+on any clock (``time.monotonic()`` of a long-running host included), so a flip handled at
+``now`` is never due at ``now`` again.
 """
 
 from __future__ import annotations
@@ -24,14 +27,12 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from kvcast.exporters.adapters.vllm_lists import Link, StateList, run_blocks, take_run
-from kvcast.stats.priority import AGE_BUCKETS, age_bucket, bucket_start
+from kvcast.stats.density import flip_time
+from kvcast.stats.priority import AGE_BUCKETS, age_bucket
 
 __all__ = ["HEAD", "TAIL", "DensityHeap"]
 
 HEAD, TAIL = 0, 1  # the ends of a state list a candidate stands for
-# Where each age bucket's value takes over (s), nudged so that rounding never leaves a block in
-# the bucket before at its flip time.
-_STARTS = [bucket_start(k) * (1 + 1e-12) + 1e-9 for k in range(AGE_BUCKETS)]
 
 
 class DensityHeap:
@@ -88,9 +89,11 @@ class DensityHeap:
         entry = (state_list.curve[0], freed_at, serial, TAIL, epoch, state_list, run)
         heapq.heappush(self._heap, entry)
         later = state_list.drop[0]
-        if later < AGE_BUCKETS and freed_at + _STARTS[later] < state_list.flip_due[TAIL]:
-            state_list.flip_due[TAIL] = when = freed_at + _STARTS[later]
-            heapq.heappush(self._flips, (when, serial, TAIL, state_list))
+        if later < AGE_BUCKETS:
+            when = flip_time(freed_at, later)
+            if when < state_list.flip_due[TAIL]:
+                state_list.flip_due[TAIL] = when
+                heapq.heappush(self._flips, (when, serial, TAIL, state_list))
 
     def _push(self, state_list: StateList, end: int, run: Link, age_s: float) -> None:
         if len(self._heap) > self._limit:
@@ -102,9 +105,11 @@ class DensityHeap:
             self._heap, (state_list.curve[k], freed_at, serial, end, epoch, state_list, run)
         )
         later = state_list.drop[k]
-        if later < AGE_BUCKETS and freed_at + _STARTS[later] < state_list.flip_due[end]:
-            state_list.flip_due[end] = when = freed_at + _STARTS[later]
-            heapq.heappush(self._flips, (when, serial, end, state_list))
+        if later < AGE_BUCKETS:
+            when = flip_time(freed_at, later)
+            if when < state_list.flip_due[end]:
+                state_list.flip_due[end] = when
+                heapq.heappush(self._flips, (when, serial, end, state_list))
 
     def _compact(self) -> None:
         """Drop the stale candidates the heap is mostly made of."""

@@ -13,8 +13,10 @@ whole prefix (a trie node of the ids), so equal ids under different prefixes nev
 Eviction candidates are the **leaves** (resident blocks without a resident child), so a chain's
 tail goes before its head and every resident block is reachable from its chain's start (SGLang's
 radix-tree rule; vLLM gets the same from freeing a request's blocks tail first). Among leaves the
-:class:`Strategy` decides: the leaf with the lowest key is evicted first. A key may change once,
+:class:`Strategy` decides: the leaf with the lowest key is evicted first. A key may change
 at a *flip time* (IAC's recency bit expires, TB+S's next reuse comes within the threshold).
+Flip times must lie strictly after the time they are computed at (``kvcast.stats.density.
+flip_time`` for age buckets), or a flip would be due again at once.
 
 Synthesized blocks (a request without ``block_hashes``): conversation c's request j is
 ``chain_c[0 .. R_j - 2]`` plus a tail block of its own. The tail stands for the partly filled last
@@ -42,6 +44,9 @@ Progress = Callable[[int, int], None]
 """``progress(done_requests, total_requests)``; called every few thousand requests."""
 
 PROGRESS_EVERY = 5000  # requests
+# Entries either heap may hold before its stale ones are dropped (then 4x what stays, plus
+# this): a compaction costs O(heap), paid for by the pushes since the last one.
+COMPACT_MIN = 1024
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,12 @@ class BlockCache:
         self.freq = [0] * size  # uses since the block was inserted
         self.tclock = [0.0] * size  # strategy.clock at the latest use
         self.last_occ = [-1] * size  # flat position of the latest use
+        self._queues: tuple[list[Any], list[Any]] = ([], [])
+
+    def queued(self) -> tuple[int, int]:
+        """Entries (stale ones included) in the running simulation's candidate heap and flip
+        heap: each at most ``4 * capacity + COMPACT_MIN + 1``."""
+        return len(self._queues[0]), len(self._queues[1])
 
     def run(
         self, capacity_blocks: int, strategy: Strategy, progress: Progress | None = None
@@ -155,8 +166,23 @@ class BlockCache:
         out = [0] * n
         used = 0
 
+        self._queues = (heap, flips)
+        limit = COMPACT_MIN
+
+        def compact() -> None:
+            # Drop what a pop would skip (a stale version or an evicted block): a block has at
+            # most one entry of its current version in each heap, so what stays is at most the
+            # resident blocks, and the heaps stay within 4 * capacity + COMPACT_MIN + 1.
+            nonlocal limit
+            for queue in (heap, flips):
+                queue[:] = [e for e in queue if e[2] == ver[e[1]] and resident[e[1]]]
+                heapq.heapify(queue)
+            limit = 4 * max(len(heap), len(flips)) + COMPACT_MIN
+
         def enqueue(nd: int, now: float) -> None:
             key, flip = entry(nd, last_occ[nd], now)
+            if len(heap) > limit or len(flips) > limit:
+                compact()
             push(heap, (key, nd, ver[nd]))
             if flip is not None:
                 push(flips, (flip, nd, ver[nd]))

@@ -44,12 +44,8 @@ from kvcast.lab.sim.block_cache import BlockCache, BlockLayout, Progress, Strate
 from kvcast.lab.sim.policy_tables import RollingTable, intent_labels, learn_table
 from kvcast.lab.sim.trace import SimTrace
 from kvcast.stats.config import StatsConfig
-from kvcast.stats.priority import (
-    AGE_BUCKETS,
-    PriorityIndex,
-    age_bucket,
-    bucket_start,
-)
+from kvcast.stats.density import flip_time
+from kvcast.stats.priority import AGE_BUCKETS, PriorityIndex, age_bucket
 
 SIZES = ("block", "request")
 INF = float("inf")
@@ -175,13 +171,9 @@ class Density(_ByState):
             value, nxt = self.shared_values[k], self.shared_changes[k]
         else:
             value, nxt = self.curves[r][k], self.change[r][k]
-        flip = t_r + _STARTS[nxt] if nxt < AGE_BUCKETS else None
+        # flip_time: strictly after now on any clock (a flip due at now again would loop)
+        flip = flip_time(t_r, nxt) if nxt < AGE_BUCKETS else None
         return (value / self.sizes[r], t_r, r, self.off[r] - occ), flip
-
-
-# Where each bucket's value takes over, nudged up so that rounding can never leave a block in
-# the bucket before at its flip time (a flip due at ``now`` again would loop).
-_STARTS = [bucket_start(k) * (1 + 1e-12) + 1e-9 for k in range(AGE_BUCKETS)]
 
 
 class TBS(LRU):

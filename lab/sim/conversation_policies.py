@@ -27,10 +27,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from kvcast.lab.sim.block_policies import _STARTS, _sizes
+from kvcast.lab.sim.block_policies import _sizes
 from kvcast.lab.sim.policy_tables import intent_labels, learn_table
 from kvcast.lab.sim.trace import SimTrace
 from kvcast.stats.config import StatsConfig
+from kvcast.stats.density import flip_time
 from kvcast.stats.priority import AGE_BUCKETS, PriorityIndex, age_bucket
 
 # key(request r of the conversation, now) -> (sort key without the conversation, flip time)
@@ -152,7 +153,7 @@ def density_conversation(
         change = curve.changes()
         k = age_bucket(now - times[r])
         nxt = change[k]
-        flip = times[r] + _STARTS[nxt] if nxt < AGE_BUCKETS else None
+        flip = flip_time(times[r], nxt) if nxt < AGE_BUCKETS else None
         return (curve.values[k] / sizes[r], times[r]), flip
 
     return run_conversation_cache(trace, capacity_blocks, key)

@@ -58,6 +58,13 @@ def request_event(trace: SimTrace, r: int, intent: str, block_size: int) -> Even
     )
 
 
+def trace_clock(trace: SimTrace) -> float | None:
+    """The wall clock (s) a trace's statistics are learned at: its last event time, so that
+    no event of a trace recorded or shifted ahead of today is rejected as ``future`` (None:
+    an empty trace, the engine's default)."""
+    return float(trace.timestamp.max()) if len(trace) else None
+
+
 def history_mask(trace: SimTrace, fraction: float) -> np.ndarray:
     """Requests of the conversations that start in the first ``fraction`` of first-turn times."""
     if not 0.0 <= fraction <= 1.0:
@@ -87,7 +94,7 @@ def learn_table(
     mask = history_mask(trace, fraction)
     n_conv = len(np.unique(trace.conversation[mask]))
     cfg = replace(cfg, window_conversations=max(1, n_conv), window_max_age_s=1e15)
-    engine = StatsEngine(cfg)
+    engine = StatsEngine(cfg, clock_s=trace_clock(trace))
     labels = intent_labels(trace)
     for r in np.flatnonzero(mask).tolist():
         engine.apply(request_event(trace, r, labels[r], cfg.block_size), labels[r])
@@ -122,7 +129,7 @@ class RollingTable:
             raise ValueError("refresh_s must be > 0")
         self.trace = trace
         self.config = config or StatsConfig()
-        self.engine = StatsEngine(self.config)
+        self.engine = StatsEngine(self.config, clock_s=trace_clock(trace))
         self.labels = intent_labels(trace)
         self.refresh_s = float(refresh_s)
         self.index = PriorityIndex(None, max_turn=self.config.max_turn)

@@ -12,6 +12,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from scipy import integrate, stats
 
+from kvcast.stats.density import flip_time
 from kvcast.stats.priority import (
     AGE_BUCKETS,
     DEFAULT_HORIZON_S,
@@ -177,6 +178,31 @@ def test_age_grid() -> None:
     assert age_bucket(1e300) == AGE_BUCKETS - 1
     # Steps of 2^(1/8) - 1 = 9% of (1 + age): a curve's value never jumps further than that.
     assert bucket_start(9) / bucket_start(8) - 1 < 0.2
+
+
+def _before(x: float) -> float:
+    return math.nextafter(x, -math.inf)
+
+
+@pytest.mark.parametrize("clock_s", [0.0, 1e6, 1.7e9, 1e12])
+@pytest.mark.parametrize("fraction", [0.0, 0.1, 0.37, 0.999])
+def test_flip_times_are_strictly_later_at_any_clock_magnitude(
+    clock_s: float, fraction: float
+) -> None:
+    """At every bucket boundary: the flip time's age is in the bucket (or later), and every
+    earlier time at which the age is still in a lower bucket comes before it (so a flip
+    handled at ``now`` is never due at ``now`` again); and it is the earliest such time but
+    for the rounding of the sum. A nudge of 1e-9 s failed this from 1.7e9 s on (issue 33)."""
+    origin = clock_s + fraction * 1000.0
+    for k in range(1, AGE_BUCKETS):
+        flip = flip_time(origin, k)
+        assert age_bucket(flip - origin) >= k
+        # the latest float at which the age is still below bucket k lies before the flip
+        now = flip
+        while age_bucket(now - origin) >= k:
+            now = _before(now)
+        assert now < flip and age_bucket(now - origin) < k
+        assert age_bucket(_before(_before(flip)) - origin) < k  # at most one step late
 
 
 def test_laplace_smoothing_keeps_every_state_mortal() -> None:
