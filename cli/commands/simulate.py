@@ -13,7 +13,7 @@ import click
 import orjson
 
 from kvcast.cli.options import Floats, Ints, block_size_option
-from kvcast.lab.sim.measurement import check_fractions
+from kvcast.lab.sim.measurement import check_fractions, coverage_warning, first_times
 from kvcast.lab.sim.registry import PolicyUnavailable, get_policy, simulate
 from kvcast.lab.sim.trace import SimTrace
 from kvcast.stats.events import EventRejected, parse_event
@@ -99,6 +99,22 @@ def policy_options(
     return {}
 
 
+def measurement_warnings(
+    trace: SimTrace, measured: int, warmup_fraction: float, cooldown_fraction: float
+) -> list[str]:
+    """What the user must know about the measured part of the trace (one line each): fewer
+    than half of the conversations measured, where and how to measure more."""
+    first = first_times(trace.conversation, trace.timestamp, trace.conversations)
+    found = coverage_warning(first, measured, warmup_fraction, cooldown_fraction)
+    if found is None:
+        return []
+    return [
+        f"{found}; the hit ratio covers only the measured ones (a conversation far from the "
+        "rest stretches the span: leave it out, or measure every conversation with "
+        "--warmup-fraction 0 --cooldown-fraction 0)"
+    ]
+
+
 def _tty_progress(done: int, total: int) -> None:
     end = "\n" if done >= total else ""
     click.echo(f"\rsimulated {done:,}/{total:,} requests{end}", err=True, nl=False)
@@ -131,14 +147,15 @@ def _tty_progress(done: int, total: int) -> None:
     type=float,
     default=0.2,
     show_default=True,
-    help="Skip conversations starting in this first fraction of first-turn times.",
+    help="Skip conversations starting in this first fraction of the span of first-turn "
+    "times (a warning when fewer than half are measured).",
 )
 @click.option(
     "--cooldown-fraction",
     type=float,
     default=0.2,
     show_default=True,
-    help="Skip conversations starting in this last fraction of first-turn times.",
+    help="Skip conversations starting in this last fraction of the span of first-turn times.",
 )
 @block_size_option
 @click.option(
@@ -235,6 +252,11 @@ def simulate_command(
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    warnings = measurement_warnings(
+        trace, result.measured_conversations, warmup_fraction, cooldown_fraction
+    )
+    for warning in warnings:
+        click.echo(f"warning: {file}: {warning}", err=True)
     if as_json:
         out: dict[str, Any] = result.to_dict()
         out.update(
@@ -254,6 +276,7 @@ def simulate_command(
                 "duplicates": report.duplicates,
             },
             rejected_reasons=dict(Counter(r for _, r, _ in report.rejects)),
+            warnings=warnings,
         )
         sys.stdout.write(orjson.dumps(out).decode() + "\n")
         return

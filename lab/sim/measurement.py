@@ -4,6 +4,13 @@ A conversation is measured when its first event time (its turn 1) lies in
 ``[t0 + warmup * span, t0 + (1 - cooldown) * span]``, where ``t0`` and ``span`` are the earliest
 first-turn time and the span of first-turn times over the whole trace; every turn of a measured
 conversation counts, also turns after the window. Both fractions 0 measure everything.
+
+Fractions of the span, not quantiles of the first-turn times (SPEC section 4): the warm-up is
+there so that the cache has run for a while before anything is measured, a matter of time,
+and a quantile would start measuring on a bursty trace (most conversations opening at once)
+while the cache is still cold. The price is a trace whose span an outlier stretches (one
+conversation starting long after the rest): the window then falls where almost nothing
+starts, which :func:`coverage_warning` says.
 """
 
 from __future__ import annotations
@@ -57,3 +64,28 @@ def measured_requests(
     first = first_times(conversation, timestamp, conversations)
     conv_mask = measured_conversations(first, warmup_fraction, cooldown_fraction)
     return conv_mask[conversation], int(conv_mask.sum())
+
+
+def coverage_warning(
+    first_ts: NDArray[np.float64],
+    measured: int,
+    warmup_fraction: float = 0.2,
+    cooldown_fraction: float = 0.2,
+) -> str | None:
+    """A one-line warning where fewer than half of the conversations are measured (None
+    otherwise): how many, and the window against the span of first-turn times (s)."""
+    seen = first_ts[np.isfinite(first_ts)]
+    if seen.size == 0 or 2 * measured >= seen.size:
+        return None
+    t0, t1 = float(seen.min()), float(seen.max())
+    span = t1 - t0
+    lo, hi = t0 + warmup_fraction * span, t0 + (1.0 - cooldown_fraction) * span
+    inside = np.sort(seen)
+    before = int(np.searchsorted(inside, lo, "left"))
+    after = int(inside.size - np.searchsorted(inside, hi, "right"))
+    return (
+        f"measured {measured} of {seen.size} conversations: the window of first-turn times "
+        f"[{lo - t0:g} s, {hi - t0:g} s] after the first (warm-up {warmup_fraction:g}, "
+        f"cool-down {cooldown_fraction:g} of their span, {span:g} s) leaves {before} before "
+        f"it and {after} after it"
+    )
