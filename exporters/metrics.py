@@ -54,7 +54,7 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     ),
     "kvcast_engine_scrape_errors": (
         "counter",
-        "Failed or rejected scrapes of an --engine-metrics endpoint, by reason.",
+        "Failed or rejected scrapes of an --engine-metrics endpoint, by reason (scrapes).",
         ("engine", "reason"),
     ),
     "kvcast_hit_ratio_simulated": (
