@@ -10,9 +10,12 @@ as a background task once the response is complete, ``post_request(request,
 response_content)``. ``pre_request`` keeps the chat or completion request's JSON on
 ``request.state``; ``post_request`` turns it and the response (JSON, or the stream's events)
 into an event. The router's session header (``KVCAST_SESSION_HEADER``, default
-``x-user-id``) becomes the event's ``session_id`` when the request carries it; otherwise the
-conversation is recovered from the history, as ``kvcast tap`` does. Nothing here raises into
-the router: a request that cannot become an event is counted dropped.
+``x-user-id``) becomes the event's ``session_id`` (and its identity) when the request carries
+it; otherwise the conversation is recovered from the history, as ``kvcast tap`` does, keyed
+by the caller's identity (the body's ``user`` field, else a keyed hash of the
+``Authorization: Bearer`` API key) so two callers with the same history never share a
+session. Nothing here raises into the router: a request that cannot become an event is
+counted dropped.
 
 Configuration, from the environment of the router's process: ``KVCAST_SOURCE`` (required),
 ``KVCAST_HASH_KEY_FILE`` (required; the same file as every tap's), ``KVCAST_BLOCK_SIZE`` (16),
@@ -73,7 +76,13 @@ class KvcastRouterCallbacks:
             body, arrival_s = kept
             response = response_body(bytes(response_content), streamed=bool(body.get("stream")))
             session_id = request.headers.get(self.session_header) or None
-            self.recorder().record(body, response, arrival_s=arrival_s, session_id=session_id)
+            context: dict[str, Any] = {"arrival_s": arrival_s, "session_id": session_id}
+            if session_id is not None:  # the router's session/user: part of the session key
+                context["identity"] = session_id
+            api_key = _bearer(request.headers.get("authorization"))
+            if api_key is not None:  # only ever used through the builder's keyed hash
+                context["api_key"] = api_key
+            self.recorder().record(body, response, **context)
         except Exception:
             log.warning("kvcast: event not recorded", exc_info=True)
 
@@ -82,6 +91,12 @@ class KvcastRouterCallbacks:
             if self._recorder is None:
                 self._recorder = _producer_from(self._environ)
             return self._recorder
+
+
+def _bearer(value: str | None) -> str | None:
+    """The API key of an ``Authorization: Bearer KEY`` header, or None."""
+    scheme, _, key = (value or "").partition(" ")
+    return key.strip() or None if scheme.lower() == "bearer" else None
 
 
 def _producer_from(environ: Mapping[str, str]) -> KafkaEventProducer:

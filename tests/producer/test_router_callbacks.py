@@ -106,6 +106,33 @@ def test_router_traffic_becomes_events_with_turns_recovered_and_no_text(
     assert sessions["alice"] == [1, 2]  # the router's session header
 
 
+@pytest.mark.parametrize("kafka_topic", [1], indirect=True)
+def test_two_api_keys_with_the_same_history_never_share_a_session(
+    engine: str, kafka_bootstrap: str, kafka_topic: str, tmp_path: Path
+) -> None:
+    """Before: the second caller's turn 2 landed on the first caller's (session, turn)."""
+    key = tmp_path / "hash.key"
+    key.write_text("k" * 32)
+    environ = {"KVCAST_SOURCE": f"kafka://{kafka_bootstrap}/{kafka_topic}",
+               "KVCAST_HASH_KEY_FILE": str(key)}  # fmt: skip
+    callbacks = KvcastRouterCallbacks(environ=environ)
+    histories = {k: [{"role": "user", "content": "hello"}] for k in ("sk-one", "sk-two")}
+    for _turn in range(2):  # interleaved: both first turns, then both second turns
+        for api_key, messages in histories.items():
+            content = served(engine, callbacks, {"model": "m", "messages": messages},
+                             {"Authorization": f"Bearer {api_key}"})  # fmt: skip
+            reply = json.loads(content)["choices"][0]["message"]["content"]
+            messages += [{"role": "assistant", "content": reply},
+                         {"role": "user", "content": f"{api_key}'s own question"}]  # fmt: skip
+    assert callbacks.recorder().close()["sent"] == 4
+    events = [json.loads(p) for _, _, p in read_back(kafka_bootstrap, kafka_topic, 1, 4)]
+    sessions: dict[str, list[int]] = {}
+    for event in events:
+        sessions.setdefault(event["session_id"], []).append(event["turn"])
+        assert "sk-" not in json.dumps(event)
+    assert sorted(sessions.values()) == [[1, 2], [1, 2]]
+
+
 def test_missing_configuration_is_named_and_never_raises_into_the_router(caplog) -> None:
     callbacks = KvcastRouterCallbacks(environ={})
     request = starlette_request("/v1/chat/completions")
