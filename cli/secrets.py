@@ -10,10 +10,10 @@ parsed.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
-from urllib.parse import quote, urlsplit, urlunsplit
 
-from kvcast.daemon.settings import redact_url
+from kvcast.stats.store_url import StoreURLError, parse, redact
 
 SECRET_FLAGS = ("--kafka-sasl-password",)
 
@@ -32,17 +32,16 @@ def read_secret(path: Path, what: str) -> str:
 
 def with_password(url: str, password: str) -> str:
     """``url`` with ``password`` as its user-info password; ValueError if it has one already."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("redis", "rediss", "redis+cluster", "rediss+cluster",
-                            "redis+sentinel", "rediss+sentinel"):  # fmt: skip
-        raise ValueError(f"store {redact_url(url)!r}: a password file needs a redis:// store")
-    if parts.password is not None or "password=" in parts.query.lower():
-        raise ValueError(
-            f"store {redact_url(url)!r}: holds a password already; give it in one place"
-        )
-    user = quote(parts.username or "", safe="")
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}:{quote(password, safe='')}@{host}"))
+    try:
+        parsed = parse(url)
+    except StoreURLError as exc:
+        raise ValueError(str(exc)) from None
+    if parsed.kind == "memory":
+        raise ValueError(f"store {redact(url)!r}: a password file needs a redis:// store")
+    if parsed.password is not None:
+        raise ValueError(f"store {redact(url)!r}: holds a password already; give it in one place")
+    # Formatted by the grammar: the password percent-encoded whatever its characters.
+    return replace(parsed, password=password).format()
 
 
 def scrub_argv(argv: Sequence[str]) -> list[str]:
@@ -63,8 +62,9 @@ def scrub_argv(argv: Sequence[str]) -> list[str]:
                 hide_next = True
             continue
         if "://" in arg:
-            head, eq, url = arg.rpartition("=") if arg.startswith("--") else ("", "", arg)
-            out.append(f"{head}{eq}{redact_url(url)}")
+            # --flag=URL: the flag ends at the first '=' (a URL's query holds more of them).
+            head, eq, url = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+            out.append(f"{head}{eq}{redact(url)}")
             continue
         out.append(arg)
     return out

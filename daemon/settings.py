@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from kvcast.producer.kafka import kafka_topic_of
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.shadow import DEFAULT_SAMPLING
+from kvcast.stats.store_url import SCHEMES, StoreURLError, parse, redact
 from kvcast.stats.taxonomy import label_map
 
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-STORE_SCHEMES = ("memory", "redis", "rediss", "redis+cluster", "rediss+cluster", "redis+sentinel",
-                 "rediss+sentinel")  # fmt: skip
+STORE_SCHEMES = SCHEMES  # the grammar's (kvcast.stats.store_url)
 SOURCE_SCHEMES = ("kafka", "file")
 MAX_WORKERS = 64
 
@@ -92,11 +92,10 @@ class DaemonSettings:
             parts = urlsplit(self.source)
             if not parts.netloc or not parts.path.strip("/"):
                 problems.append(f"source {self.source!r}: expected kafka://HOST:PORT/TOPIC")
-        if urlsplit(self.store).scheme not in STORE_SCHEMES:
-            problems.append(
-                f"store {redact_url(self.store)!r}: expected memory://, redis:// or rediss://"
-                " (or redis+cluster://, redis+sentinel://; rediss+... for TLS)"
-            )
+        try:
+            parse(self.store)
+        except StoreURLError as exc:  # names what is wrong, the password hidden
+            problems.append(str(exc))
         if not _NAMESPACE.match(self.namespace):
             problems.append(f"namespace {self.namespace!r}: use 1-64 of A-Z a-z 0-9 _ . -")
         if not self.group_id:
@@ -227,18 +226,9 @@ class DaemonSettings:
 
 
 def redact_url(url: str) -> str:
-    """``url`` with any password (``:PASSWORD@`` or ``?password=``) replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password is None and "password=" not in parts.query.lower():
-        return url
-    if parts.query:
-        query = re.sub(r"(^|&)(password=)[^&]*", r"\1\2***", parts.query, flags=re.IGNORECASE)
-        parts = parts._replace(query=query)
-    if parts.password is not None:  # the hosts as written: a cluster URL names several
-        user = parts.username or ""
-        netloc = f"{user}:***@{parts.netloc.rpartition('@')[2]}"
-        parts = parts._replace(netloc=netloc)
-    return urlunsplit(parts)
+    """``url`` with every secret (the user info's password, any secret-named option in any
+    spelling) replaced by ``***``; never raises (:func:`kvcast.stats.store_url.redact`)."""
+    return redact(url)
 
 
 def default_group_id(namespace: str, source: str | None) -> str:

@@ -39,7 +39,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from kvcast.stats.priority import (
     POLICIES,
@@ -50,6 +50,8 @@ from kvcast.stats.priority import (
     TableError,
     redis_table_key,
 )
+from kvcast.stats.store_url import CLUSTER, SENTINEL, StoreURLError
+from kvcast.stats.store_url import parse as parse_store_url
 
 __all__ = [
     "SHARED_INTENT",
@@ -94,43 +96,42 @@ def _decode(raw: bytes, where: str) -> Mapping[str, Any]:
     return doc
 
 
-CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
-SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+CLUSTER_SCHEMES = CLUSTER
+SENTINEL_SCHEMES = SENTINEL
 
 
 def _redis_client(url: str, timeout_s: float) -> Any:
-    """A redis-py client for ``redis[s]://``, ``redis[s]+cluster://HOST:PORT[,...]`` or
-    ``redis[s]+sentinel://HOST:PORT[,...]/SERVICE`` (the store URLs of ``kvcast run``)."""
+    """A redis-py client for a store URL of ``kvcast run`` (``redis[s]://``,
+    ``redis[s]+cluster://``, ``redis[s]+sentinel://``), read by the daemon's own grammar
+    (:mod:`kvcast.stats.store_url`): the same server, DB, credentials and TLS options, so an
+    engine given the daemon's URL reads the key the daemon writes. ``unix://`` goes to
+    redis-py as it is. ValueError saying what is wrong with any other."""
     import redis  # lazily: HTTP-only engines need not install redis-py
 
-    parts = urlsplit(url)
-    if parts.scheme not in CLUSTER_SCHEMES + SENTINEL_SCHEMES:
-        return redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
-    userinfo, _, hosts = parts.netloc.rpartition("@")
-    user, _, password = userinfo.partition(":")
-    options: dict[str, Any] = {
-        "username": unquote(user) or None,
-        "password": unquote(password) or None,
-        "ssl": parts.scheme.startswith("rediss"),
-        "socket_timeout": timeout_s,
-        "socket_connect_timeout": timeout_s,
-    }
-    nodes = []
-    for item in hosts.split(","):
-        host, _, port = item.strip().rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(
-                f"table source {parts.scheme}://...: {item.strip()!r} is not HOST:PORT"
-            )
-        nodes.append((host.strip("[]"), int(port)))
-    if parts.scheme in CLUSTER_SCHEMES:
-        startup = [redis.cluster.ClusterNode(host, port) for host, port in nodes]
-        return redis.RedisCluster(startup_nodes=startup, **options)
-    service = parts.path.strip("/").split("/")[0]
-    if not service:
-        raise ValueError(f"table source {parts.scheme}://...: no /SERVICE_NAME after the hosts")
-    sentinel = redis.Sentinel(nodes, socket_timeout=timeout_s)
-    return sentinel.master_for(service, **options)
+    timeouts = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+    if urlsplit(url).scheme == "unix":
+        return redis.Redis.from_url(url, **timeouts)
+    try:
+        parsed = parse_store_url(url)
+    except StoreURLError as exc:
+        raise ValueError(f"table source: {exc}") from None
+    connection: dict[str, Any] = {**timeouts, **parsed.credentials(), **parsed.tls_kwargs()}
+    if parsed.kind == "redis":
+        ((host, port),) = parsed.hosts
+        # A pool made as redis-py's from_url makes it (no retry of its own: a failed fetch
+        # is reported at once and retried every refresh_s).
+        if connection.pop("ssl", False):
+            connection["connection_class"] = redis.SSLConnection
+        pool = redis.ConnectionPool(host=host, port=port, db=parsed.db, **connection)
+        return redis.Redis(connection_pool=pool)
+    if parsed.kind == "cluster":
+        startup = [redis.cluster.ClusterNode(host, port) for host, port in parsed.hosts]
+        return redis.RedisCluster(startup_nodes=startup, **connection)
+    if parsed.kind == "sentinel":
+        sentinel_kwargs = {**timeouts, **parsed.tls_kwargs(), **parsed.sentinel_kwargs()}
+        sentinel = redis.Sentinel(list(parsed.hosts), sentinel_kwargs=sentinel_kwargs)
+        return sentinel.master_for(parsed.service or "", db=parsed.db, **connection)
+    raise ValueError(f"table source {parsed.redacted()!r}: not a Redis URL")
 
 
 class RedisTableSource:

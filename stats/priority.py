@@ -51,6 +51,7 @@ from kvcast.stats.density import (
     smoothed_p,
 )
 from kvcast.stats.ranking import BUCKET_SCALE, FAST_MIN_TUPLES, rank_columns, rank_rows
+from kvcast.stats.store_url import table_key
 
 if TYPE_CHECKING:
     from kvcast.stats.config import StatsConfig
@@ -99,8 +100,9 @@ TC_DIGITS = 3  # significant digits of the published T_C: a table is republished
 
 
 def redis_table_key(namespace: str) -> str:
-    """The one Redis key the table is published under (a single SET: never half a table)."""
-    return f"{namespace}:{{{namespace}}}:table"
+    """The one Redis key the table is published under (a single SET: never half a table);
+    the layout is :mod:`kvcast.stats.store_url`'s."""
+    return table_key(namespace)
 
 
 def table_document(

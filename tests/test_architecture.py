@@ -111,7 +111,8 @@ CLIENT_SIDE = (
     "kvcast.exporters.plugins",
     "kvcast.producer",  # runs in the serving stack too: a router, a proxy
 )
-CLIENT_KVCAST = ("kvcast.stats.priority", "kvcast.stats.density", "kvcast.stats.ranking")
+CLIENT_KVCAST = ("kvcast.stats.priority", "kvcast.stats.density", "kvcast.stats.ranking",
+                 "kvcast.stats.store_url")  # fmt: skip
 # The engines' entry points glue the other two units together; nothing else may.
 CLIENT_GLUE = {"kvcast.exporters.plugins": ("kvcast.exporters.client", "kvcast.exporters.adapters")}
 

@@ -36,7 +36,6 @@ from __future__ import annotations
 import math
 import time
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -66,15 +65,20 @@ from kvcast.stats.arrivals import ArrivalStats
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.engine import EventCounters
 from kvcast.stats.partition import PartitionDelta
+from kvcast.stats.store_url import (
+    CLUSTER,
+    SENTINEL,
+    TLS_OPTIONS,
+    StoreURL,
+    cluster_partition_key,
+    parse,
+    redact,
+)
 from kvcast.stats.window import StatsWindow, merge_anchored
 
-CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
-SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
-# Query options taken from a cluster or sentinel URL (TLS settings, as redis-py names them);
-# anything else is refused rather than silently ignored.
-_TLS_OPTIONS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile",
-                "ssl_check_hostname")  # fmt: skip
-_SENTINEL_OPTIONS = ("sentinel_username", "sentinel_password")
+# The grammar (schemes, hosts, options) is kvcast.stats.store_url's.
+CLUSTER_SCHEMES = CLUSTER
+SENTINEL_SCHEMES = SENTINEL
 # Cluster-specific refusals: CLUSTERDOWN, no node for a slot, a topology being rebuilt.
 _CLUSTER_ERRORS = (*_STORE_ERRORS, ClusterError, RedisClusterException)
 # Refusals after which nothing was applied and the slot map is (being) updated: MOVED/ASK
@@ -111,63 +115,33 @@ class _Cluster(RedisCluster):
 
 
 def _redacted(url: str) -> str:
-    """``url`` without its password, for messages."""
-    scheme, _, rest = url.partition("://")
-    userinfo, at, hosts = rest.rpartition("@")
-    if not at:
-        return url
-    user = userinfo.partition(":")[0]
-    return f"{scheme}://{user}:***@{hosts}"
+    """``url`` without its secrets, for messages."""
+    return redact(url)
+
+
+def _parse(url: str, schemes: tuple[str, ...]) -> StoreURL:
+    parsed = parse(url)
+    if parsed.scheme not in schemes:
+        raise ValueError(f"store URL {redact(url)!r}: not a {schemes[0]}:// URL")
+    return parsed
 
 
 def parse_nodes(
     url: str,
 ) -> tuple[dict[str, Any], list[tuple[str, int]], list[str], dict[str, str]]:
     """Split a cluster or sentinel URL: (connection options, [(host, port)], path segments,
-    query options); ValueError saying what is wrong, the password never quoted."""
-    shown = _redacted(url)
-    parts = urlsplit(url)
-    if parts.scheme not in CLUSTER_SCHEMES + SENTINEL_SCHEMES:
-        raise ValueError(f"store URL {shown!r}: not a redis+cluster:// or redis+sentinel:// URL")
-    userinfo, at, hostlist = parts.netloc.rpartition("@")
-    options: dict[str, Any] = {}
-    if at:
-        user, colon, password = userinfo.partition(":")
-        if user:
-            options["username"] = unquote(user)
-        if colon:
-            options["password"] = unquote(password)
-    nodes = []
-    for item in hostlist.split(","):
-        host, colon, port = item.strip().rpartition(":")
-        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"store URL {shown!r}: {item.strip()!r} is not HOST:PORT")
-        nodes.append((host.strip("[]"), int(port)))
-    if parts.scheme.startswith("rediss"):
-        options["ssl"] = True
-    query: dict[str, str] = {}
-    allowed = _TLS_OPTIONS + (_SENTINEL_OPTIONS if parts.scheme in SENTINEL_SCHEMES else ())
-    for name, value in parse_qsl(parts.query, keep_blank_values=True):
-        if name not in allowed:
-            raise ValueError(f"store URL {shown!r}: unknown option {name!r} (known: "
-                             f"{', '.join(allowed)})")  # fmt: skip
-        if name.startswith("ssl_") and "ssl" not in options:
-            raise ValueError(f"store URL {shown!r}: {name} needs TLS (rediss+...://)")
-        query[name] = value
-    segments = [unquote(s) for s in parts.path.split("/") if s]
-    return options, nodes, segments, query
+    query options), as :mod:`kvcast.stats.store_url` reads it; ValueError saying what is
+    wrong, the password never quoted."""
+    parsed = _parse(url, CLUSTER + SENTINEL)
+    options: dict[str, Any] = {**parsed.credentials(), **({"ssl": True} if parsed.tls else {})}
+    segments = [] if parsed.service is None else [parsed.service, str(parsed.db)]
+    return options, list(parsed.hosts), segments, dict(parsed.options)
 
 
 def _tls_options(query: dict[str, str]) -> dict[str, Any]:
     """The TLS settings of a URL's query as redis-py's keyword arguments."""
-    options: dict[str, Any] = {k: v for k, v in query.items() if k in _TLS_OPTIONS}
-    if "ssl_check_hostname" in options:
-        options["ssl_check_hostname"] = options["ssl_check_hostname"].lower() in (
-            "1",
-            "true",
-            "yes",
-        )
-    return options
+    return {k: v for k, v in StoreURL("rediss", options=query).tls_kwargs().items()
+            if k in TLS_OPTIONS}  # fmt: skip
 
 
 class RedisClusterStore(RedisStore):
@@ -180,19 +154,15 @@ class RedisClusterStore(RedisStore):
     _errors = _CLUSTER_ERRORS
 
     def __init__(self, url: str, namespace: str = "kvcast", timeout_s: float = 5.0) -> None:
-        options, nodes, segments, query = parse_nodes(url)
-        shown = _redacted(url)
-        if urlsplit(url).scheme not in CLUSTER_SCHEMES:
-            raise ValueError(f"store URL {shown!r}: not a redis+cluster:// URL")
-        if segments not in ([], ["0"]):
-            raise ValueError(f"store URL {shown!r}: a cluster has database 0 only, no path")
+        parsed = _parse(url, CLUSTER)
+        shown = parsed.redacted()
         self._cluster: _Cluster | None = None
         self._settings: dict[str, Any] = {
-            "startup_nodes": [ClusterNode(host, port) for host, port in nodes],
+            "startup_nodes": [ClusterNode(host, port) for host, port in parsed.hosts],
             "socket_timeout": timeout_s,
             "socket_connect_timeout": timeout_s,
-            **options,
-            **_tls_options(query),
+            **parsed.credentials(),
+            **parsed.tls_kwargs(),
         }
         super().__init__(shown, namespace, timeout_s, client=self)
 
@@ -216,8 +186,7 @@ class RedisClusterStore(RedisStore):
 
     def part_key(self, name: str, partition: str, *rest: object) -> str:
         """``NAMESPACE:{NAMESPACE:P}:name:rest``: the partition's own slot."""
-        tail = ":".join(str(p) for p in (name, *rest))
-        return f"{self.namespace}:{{{self.namespace}:{partition}}}:{tail}"
+        return cluster_partition_key(self.namespace, partition, name, *rest)
 
     def sum_key(self, partition: str, *parts: object) -> str:
         """The partition's own share of a namespace-wide counter, in the partition's slot."""
@@ -353,33 +322,30 @@ def _add_counters(total: EventCounters, share: EventCounters) -> None:
         total.rejected[reason] = total.rejected.get(reason, 0) + amount
 
 
-def open_sentinel_store(url: str, namespace: str = "kvcast", timeout_s: float = 5.0) -> RedisStore:
-    """The plain :class:`RedisStore` on the master the sentinels name (module docstring)."""
-    options, nodes, segments, query = parse_nodes(url)
-    shown = _redacted(url)
-    if urlsplit(url).scheme not in SENTINEL_SCHEMES:
-        raise ValueError(f"store URL {shown!r}: not a redis+sentinel:// URL")
-    if not segments or len(segments) > 2 or (len(segments) == 2 and not segments[1].isdigit()):
-        raise ValueError(f"store URL {shown!r}: expected /SERVICE_NAME or /SERVICE_NAME/DB "
-                         "after the sentinels")  # fmt: skip
-    service = segments[0]
-    db = int(segments[1]) if len(segments) == 2 else 0
-    tls = _tls_options(query)
-    sentinel_kwargs: dict[str, Any] = {
-        "socket_timeout": timeout_s, "socket_connect_timeout": timeout_s, **tls,
-        **({"ssl": True} if options.get("ssl") else {}),
-    }  # fmt: skip
-    for name in _SENTINEL_OPTIONS:
-        if name in query:
-            sentinel_kwargs[name.removeprefix("sentinel_")] = query[name]
+def sentinel_master(url: str, timeout_s: float = 5.0) -> tuple[redis.Redis, str]:
+    """(redis-py client of the master the sentinels name, the URL redacted), as the grammar
+    reads the URL: its DB, the data nodes' credentials and TLS, the sentinels' own
+    ``sentinel_*`` credentials."""
+    parsed = _parse(url, SENTINEL)
+    tls = parsed.tls_kwargs()
     sentinel = Sentinel(
-        nodes,
-        sentinel_kwargs=sentinel_kwargs,
+        list(parsed.hosts),
+        sentinel_kwargs={
+            "socket_timeout": timeout_s,
+            "socket_connect_timeout": timeout_s,
+            **tls,
+            **parsed.sentinel_kwargs(),
+        },
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
-        db=db,
-        **options,
+        db=parsed.db,
+        **parsed.credentials(),
         **tls,
     )
-    client: redis.Redis = sentinel.master_for(service)
+    return sentinel.master_for(parsed.service or ""), parsed.redacted()
+
+
+def open_sentinel_store(url: str, namespace: str = "kvcast", timeout_s: float = 5.0) -> RedisStore:
+    """The plain :class:`RedisStore` on the master the sentinels name (module docstring)."""
+    client, shown = sentinel_master(url, timeout_s)
     return RedisStore(shown, namespace, timeout_s, client=client)

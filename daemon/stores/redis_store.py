@@ -54,7 +54,7 @@ from kvcast.stats.arrivals import ArrivalStats, SecondCounters
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.engine import EventCounters
 from kvcast.stats.partition import PartitionCheckpoint, PartitionDelta
-from kvcast.stats.priority import redis_table_key
+from kvcast.stats.store_url import key_prefix, parse, table_key
 from kvcast.stats.window import (
     Bucket,
     DelaySample,
@@ -165,11 +165,28 @@ class RedisStore:
     ) -> None:
         """``client``: an already configured redis-py client (Sentinel's master) instead of
         one made from ``url`` (then only named in messages)."""
-        self._client = client if client is not None else redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        )  # fmt: skip
+        if client is None:  # the URL as the grammar reads it (kvcast.stats.store_url)
+            parsed = parse(url)
+            if parsed.kind != "redis":
+                raise ValueError(f"store URL {parsed.redacted()!r}: not a redis[s]:// URL")
+            ((host, port),) = parsed.hosts
+            connection: dict[str, Any] = {**parsed.credentials(), **parsed.tls_kwargs()}
+            if connection.pop("ssl", False):
+                connection["connection_class"] = redis.SSLConnection
+            # A pool as redis-py's from_url makes it: no retry of its own (the daemon's
+            # backoff retries a StoreUnavailable).
+            pool = redis.ConnectionPool(
+                host=host,
+                port=port,
+                db=parsed.db,
+                socket_timeout=timeout_s,
+                socket_connect_timeout=timeout_s,
+                **connection,
+            )
+            client = redis.Redis(connection_pool=pool)
+        self._client = client
         self.namespace = namespace
-        self.prefix = f"{namespace}:{{{namespace}}}:"
+        self.prefix = key_prefix(namespace)
 
     def key(self, *parts: object) -> str:
         """A namespace-level key: ``parts`` joined by ``:`` after the namespace's prefix."""
@@ -478,13 +495,13 @@ class RedisStore:
 
     def publish_table(self, document: dict[str, Any]) -> None:
         try:
-            self._client.set(redis_table_key(self.namespace), orjson.dumps(document))
+            self._client.set(table_key(self.namespace), orjson.dumps(document))
         except self._errors as exc:
             raise _unavailable(exc) from None
 
     def read_table(self) -> dict[str, Any] | None:
         try:
-            raw = self._client.get(redis_table_key(self.namespace))
+            raw = self._client.get(table_key(self.namespace))
         except self._errors as exc:
             raise _unavailable(exc) from None
         return None if raw is None else orjson.loads(raw)

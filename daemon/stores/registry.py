@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from urllib.parse import urlsplit
 
 from kvcast.daemon.stores.base import StateStore
+from kvcast.stats.store_url import parse
 
 
 def _memory(url: str, namespace: str) -> StateStore:
@@ -44,10 +44,6 @@ STORES: dict[str, Callable[[str, str], StateStore]] = {
 
 
 def open_store(url: str, namespace: str = "kvcast") -> StateStore:
-    """The store for ``url``; ValueError naming the known schemes for any other."""
-    scheme = urlsplit(url).scheme
-    factory = STORES.get(scheme)
-    if factory is None:
-        known = ", ".join(f"{s}://" for s in STORES)
-        raise ValueError(f"store URL {url!r}: unknown scheme {scheme!r} (expected {known})")
-    return factory(url, namespace)
+    """The store for ``url``; ValueError saying what is wrong with a URL outside the grammar
+    (:mod:`kvcast.stats.store_url`), the password hidden."""
+    return STORES[parse(url).scheme](url, namespace)

@@ -74,7 +74,8 @@ BLOCKED = ("torch", "kafka", "numpy", "scipy", "redis", "orjson", "prometheus_cl
 # The core modules the client may import: the table document and the priority over it, and
 # the density score and rankings it builds on (standard library only at import time;
 # tests/test_architecture.py holds them to that).
-ALLOWED = ("kvcast.stats", "kvcast.stats.priority", "kvcast.stats.density", "kvcast.stats.ranking")
+ALLOWED = ("kvcast.stats", "kvcast.stats.priority", "kvcast.stats.density", "kvcast.stats.ranking",
+           "kvcast.stats.store_url")  # fmt: skip
 
 
 def test_client_imports_without_heavy_or_daemon_modules(tmp_path: Path) -> None:
