@@ -4,6 +4,6 @@ Standard library and kafka-python only: import it into a router or a proxy.
 """
 
 from kvcast.producer.builder import EventBuilder
-from kvcast.producer.kafka import KafkaEventProducer
+from kvcast.producer.kafka import DROP_REASONS, KafkaEventProducer
 
-__all__ = ["EventBuilder", "KafkaEventProducer"]
+__all__ = ["DROP_REASONS", "EventBuilder", "KafkaEventProducer"]
