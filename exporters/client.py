@@ -100,6 +100,12 @@ CLUSTER_SCHEMES = CLUSTER
 SENTINEL_SCHEMES = SENTINEL
 
 
+def _scheme(url: str) -> str:
+    """The scheme of ``url`` without parsing the rest (urlsplit raises on a bad IPv6 host)."""
+    scheme, sep, _ = url.partition("://")
+    return scheme.lower() if sep else ""
+
+
 def _redis_client(url: str, timeout_s: float) -> Any:
     """A redis-py client for a store URL of ``kvcast run`` (``redis[s]://``,
     ``redis[s]+cluster://``, ``redis[s]+sentinel://``), read by the daemon's own grammar
@@ -109,7 +115,7 @@ def _redis_client(url: str, timeout_s: float) -> Any:
     import redis  # lazily: HTTP-only engines need not install redis-py
 
     timeouts = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
-    if urlsplit(url).scheme == "unix":
+    if _scheme(url) == "unix":
         return redis.Redis.from_url(url, **timeouts)
     try:
         parsed = parse_store_url(url)
@@ -147,7 +153,13 @@ class RedisTableSource:
         self._errors = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
         self._url, self._timeout_s = url, timeout_s
         self._client: Any = None
-        if urlsplit(url).scheme not in CLUSTER_SCHEMES:
+        scheme = _scheme(url)
+        if scheme != "unix":  # a malformed URL is a ValueError now, not at the first fetch
+            try:
+                parse_store_url(url)
+            except StoreURLError as exc:
+                raise ValueError(f"table source: {exc}") from None
+        if scheme not in CLUSTER_SCHEMES:
             self._client = _redis_client(url, timeout_s)
         self.key = redis_table_key(namespace)
         self._last: bytes | None = None
@@ -235,7 +247,7 @@ class FileTableSource:
 def open_source(url: str, namespace: str = "kvcast", timeout_s: float = 2.0) -> TableSource:
     """A source from a URL: ``redis://``/``rediss://`` (+ namespace), ``http(s)://``, or a
     ``file://`` URL / plain path."""
-    scheme = urlsplit(url).scheme
+    scheme = _scheme(url)
     if scheme in ("redis", "rediss", "unix", *CLUSTER_SCHEMES, *SENTINEL_SCHEMES):
         return RedisTableSource(url, namespace, timeout_s)
     if scheme in ("http", "https"):

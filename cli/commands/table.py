@@ -65,7 +65,10 @@ def _load(redis_url: str | None, namespace: str, http: str | None, replay: Path 
         finished = replay_engine(replay, config, label_map=labels)
         return table_document(finished.snapshot(), config, version=1), str(replay)
     if redis_url is not None:
-        source: Any = RedisTableSource(redis_url, namespace, timeout_s=5.0)
+        try:
+            source: Any = RedisTableSource(redis_url, namespace, timeout_s=5.0)
+        except ValueError as exc:  # a malformed URL: one line, the password hidden
+            raise click.UsageError(str(exc)) from None
         where = f"redis key {redis_table_key(namespace)}"
     else:
         source = HttpTableSource(http or DEFAULT_HTTP, timeout_s=5.0)
