@@ -46,7 +46,7 @@ def users_conversations(builder: EventBuilder, users: int, *, field: str) -> lis
 
 def through_statistics(events: list[dict]) -> tuple[int, int, float]:
     """(processed, duplicates, mean turns per conversation) as the daemon's statistics see it."""
-    pipeline = Pipeline(StatsConfig(), clock_s=2000.0)
+    pipeline = Pipeline(StatsConfig(), clock_s=max(e["timestamp"] for e in events))
     pipeline.offer_all(json.dumps(e).encode() for e in events)
     counters = pipeline.engine.counters
     open_ = pipeline.engine.tracker.open_items()
