@@ -68,9 +68,9 @@ from kvcast.stats.partition import PartitionDelta
 from kvcast.stats.store_url import (
     CLUSTER,
     SENTINEL,
-    TLS_OPTIONS,
     StoreURL,
     cluster_partition_key,
+    key_prefix,
     parse,
     redact,
 )
@@ -136,12 +136,6 @@ def parse_nodes(
     options: dict[str, Any] = {**parsed.credentials(), **({"ssl": True} if parsed.tls else {})}
     segments = [] if parsed.service is None else [parsed.service, str(parsed.db)]
     return options, list(parsed.hosts), segments, dict(parsed.options)
-
-
-def _tls_options(query: dict[str, str]) -> dict[str, Any]:
-    """The TLS settings of a URL's query as redis-py's keyword arguments."""
-    return {k: v for k, v in StoreURL("rediss", options=query).tls_kwargs().items()
-            if k in TLS_OPTIONS}  # fmt: skip
 
 
 class RedisClusterStore(RedisStore):
@@ -301,8 +295,12 @@ class RedisClusterStore(RedisStore):
     def keys_of(self, partition: str | None = None) -> list[str]:
         """Every key of this namespace (or of one partition) on every master: for tests and
         clean-up. SCAN, never KEYS."""
-        tag = f"{self.namespace}:{{{self.namespace}" + ("" if partition is None else
-                                                         f":{partition}}}")  # fmt: skip
+        # The layout's own spelling, cut before the tag closes (all partitions) or after it.
+        tag = (
+            key_prefix(self.namespace)[:-2]
+            if partition is None
+            else cluster_partition_key(self.namespace, partition, "")[:-1]
+        )
         found: set[str] = set()
         for node in self._client.get_primaries():
             client = self._client.get_redis_connection(node)
