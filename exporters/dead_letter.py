@@ -12,6 +12,12 @@ acknowledged. Until then the delta waits; once a record has waited longer than `
 outage. A record whose send failed is sent again. It is at-least-once: after a crash between
 delivery and commit the records are replayed and sent again (their key says which are the
 same record).
+
+A letter the topic cannot take never stalls its partition: a value larger than
+``MAX_VALUE_BYTES`` is cut to its first ``TRUNCATED_BYTES`` before it is sent, and a letter the
+broker refuses as a record (too large, invalid) is sent again with its first
+``TRUNCATED_BYTES``, then with an empty value. Such a letter has the header ``kvcast.truncated``
+(the original value's length, in bytes); the original is still at its partition and offset.
 """
 
 from __future__ import annotations
@@ -23,9 +29,24 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["DeadLetterSink", "DeadLetterUnavailable"]
+__all__ = ["MAX_VALUE_BYTES", "TRUNCATED_BYTES", "DeadLetterSink", "DeadLetterUnavailable"]
 
 log = logging.getLogger(__name__)
+
+# The producer refuses a request over 1,048,576 bytes (kafka-python's max_request_size): a
+# value up to 1,000,000 bytes leaves room for the key, the headers and the batch framing.
+MAX_VALUE_BYTES = 1_000_000
+# What a letter keeps of a value it cannot carry whole (bytes): enough to recognise the
+# record, small enough for any broker's default record limit.
+TRUNCATED_BYTES = 65_536
+# Broker answers that refuse this record, not the connection: the letter is cut, not retried.
+_RECORD_REFUSALS = (
+    "MessageSizeTooLargeError",
+    "RecordListTooLargeError",
+    "InvalidRecordError",
+    "CorruptRecordError",
+    "InvalidTimestampError",
+)
 
 
 class DeadLetterUnavailable(RuntimeError):
@@ -33,14 +54,28 @@ class DeadLetterUnavailable(RuntimeError):
 
 
 class _Letter:
-    __slots__ = ("future", "headers", "key", "offset", "queued_at", "value")
+    __slots__ = ("future", "headers", "key", "offset", "queued_at", "size", "value")
 
     def __init__(
         self, offset: int, key: bytes, value: bytes, headers: list[tuple[str, bytes]], at: float
     ) -> None:
         self.offset, self.key, self.value, self.headers = offset, key, value, headers
+        self.size = len(value)  # the original value's length (bytes)
         self.queued_at = at
         self.future: Any = None  # set by the sender thread
+        if self.size > MAX_VALUE_BYTES:
+            self.shrink()
+
+    def shrink(self) -> bool:
+        """Cut the value to ``TRUNCATED_BYTES``, or to nothing when it is already cut; say so
+        in ``kvcast.truncated``. False when there is nothing left to cut."""
+        if not self.value:
+            return False
+        limit = TRUNCATED_BYTES if len(self.value) > TRUNCATED_BYTES else 0
+        self.value = self.value[:limit]
+        self.headers = [h for h in self.headers if h[0] != "kvcast.truncated"]
+        self.headers.append(("kvcast.truncated", str(self.size).encode()))
+        return True
 
 
 class DeadLetterSink:
@@ -95,8 +130,17 @@ class DeadLetterSink:
                 continue
             waiting.append(letter)
             if future is not None and future.is_done:  # failed: send it again
-                self._error = f"{type(future.exception).__name__}: {future.exception}"
+                exc = future.exception
+                self._error = f"{type(exc).__name__}: {exc}"
                 letter.future = None
+                if type(exc).__name__ in _RECORD_REFUSALS and letter.shrink():
+                    # Refused for what it is: waiting would stall the partition for ever.
+                    log.warning(
+                        "dead letter %s refused (%s): sending it cut to %d of %d bytes",
+                        letter.key.decode(errors="replace"), type(exc).__name__,
+                        len(letter.value), letter.size,
+                    )  # fmt: skip
+                    letter.queued_at = self._clock()
                 self._outbox.put(letter)
         if waiting:
             oldest = min(x.queued_at for x in waiting)
