@@ -79,7 +79,8 @@ class Daemon:
         self._rejection_log = RejectionLog(log, clock=clock)
         self._dead_letter = dead_letter
         self._store_down = False
-        self._dead_letter_down = False
+        # Partitions paused because a dead letter of theirs waits too long (see _hold_back).
+        self._held_back: set[str] = set()
         if dead_letter is not None:
             self.published.set_component("dead_letter", "ok")
         # The shadow simulation runs where the forecast is published (daemon/shadow_feed.py).
@@ -151,11 +152,21 @@ class Daemon:
             if not any(self._queued.values()):
                 break
             if self._clock() >= deadline:
-                lost = sum(d.offset - d.base_offset for q in self._queued.values() for d in q)
+                # Not lost: their offsets were not stored either, so the next start consumes
+                # them again (and resends their dead letters).
+                waiting = {
+                    p: sum(d.offset - d.base_offset for d in q)
+                    for p, q in self._queued.items()
+                    if q
+                }
                 log.error(
-                    "shutdown: store or dead-letter topic unreachable, %d applied events not "
-                    "stored",
-                    lost,
+                    "shutdown: %d applied events not stored (%s), consumed again at the next "
+                    "start: %s unreachable",
+                    sum(waiting.values()),
+                    ", ".join(f"{p}: {n}" for p, n in sorted(waiting.items())),
+                    "dead-letter topic"
+                    if set(waiting) <= self._held_back
+                    else "store or dead-letter topic",
                 )
                 return 1
             time.sleep(min(0.5, self.settings.max_backoff_s))
@@ -176,6 +187,7 @@ class Daemon:
             self._engines.pop(partition, None)
             self._queued.pop(partition, None)
             self._awaiting_load.discard(partition)
+            self._held_back.discard(partition)
             if self._dead_letter is not None:
                 self._dead_letter.forget(partition)
 
@@ -264,8 +276,13 @@ class Daemon:
     # -- commits -----------------------------------------------------------------------------
 
     def _uncommitted(self) -> int:
-        pending = sum(engine.pending_events for engine in self._engines.values())
-        return pending + sum(d.offset - d.base_offset for q in self._queued.values() for d in q)
+        """Events applied but not stored, held-back partitions aside: those are paused (they
+        grow no more) and must not pause or flood the commits of the others."""
+        held = self._held_back
+        pending = sum(e.pending_events for p, e in self._engines.items() if p not in held)
+        return pending + sum(
+            d.offset - d.base_offset for p, q in self._queued.items() if p not in held for d in q
+        )
 
     def _queue(self, partition: str) -> None:
         engine = self._engines.get(partition)
@@ -291,14 +308,12 @@ class Daemon:
                     try:
                         delivered = self._dead_letter.confirm(partition, delta.offset)
                     except DeadLetterUnavailable as exc:
-                        self._back_off("dead_letter", exc)
-                        return
+                        self._hold_back(partition, exc)
+                        break  # only this partition waits; the others commit on
                     if not delivered:
                         break  # this partition waits for its dead letters; the others go on
-                    if self._dead_letter_down:
-                        log.info("dead-letter topic acknowledging again")
-                        self._dead_letter_down = False
-                        self.published.set_component("dead_letter", "ok")
+                    if partition in self._held_back:
+                        self._release(partition)
                 try:
                     self.store.commit(delta)
                 except StoreUnavailable as exc:
@@ -323,6 +338,32 @@ class Daemon:
         self._queued[partition] = deque()
         self._load_partitions([partition])
 
+    def _hold_back(self, partition: str, exc: Exception) -> None:
+        """A dead letter of ``partition`` is unacknowledged for too long: pause that partition
+        (its queued deltas wait, the others go on) and say so in the component status. The
+        sink's sender thread keeps retrying; ``confirm`` is asked again at every flush."""
+        if partition not in self._held_back:
+            if not self._held_back:
+                log.warning("dead-letter topic unavailable (%s); %s commits wait", exc, partition)
+            else:
+                log.warning("dead-letter topic unavailable: %s commits wait too", partition)
+            self._held_back.add(partition)
+            self.source.pause([partition])
+        waiting = ", ".join(sorted(self._held_back))
+        self.published.set_component("dead_letter", f"unavailable: {exc}; waiting: {waiting}")
+
+    def _release(self, partition: str) -> None:
+        """``partition``'s dead letters are acknowledged: its commits and consumption go on."""
+        self._held_back.discard(partition)
+        if not self._paused_for_store:
+            self.source.resume([partition])
+        if self._held_back:
+            waiting = ", ".join(sorted(self._held_back))
+            self.published.set_component("dead_letter", f"unavailable; waiting: {waiting}")
+        else:
+            log.info("dead-letter topic acknowledging again")
+            self.published.set_component("dead_letter", "ok")
+
     def _store_failed(self, exc: Exception) -> None:
         self._back_off("store", exc)
 
@@ -333,12 +374,8 @@ class Daemon:
         wait_s = self._backoff_s * (0.5 + 0.5 * self._jitter.random())
         self._retry_at = self._clock() + wait_s
         self.published.set_component(component, f"unavailable: {exc}")
-        if component == "store":
-            log.warning("state store unavailable (%s); retrying in %.2f s", exc, wait_s)
-            self._store_down = True
-        elif not self._dead_letter_down:  # once an outage: it is retried every round
-            log.warning("dead-letter topic unavailable (%s); commits wait for it", exc)
-            self._dead_letter_down = True
+        log.warning("state store unavailable (%s); retrying in %.2f s", exc, wait_s)
+        self._store_down = True
 
     def _store_recovered(self) -> None:
         if self._store_down:
@@ -348,7 +385,7 @@ class Daemon:
         self.published.set_component("store", "ok")
         if self._paused_for_store:
             self._paused_for_store = False
-            self.source.resume(list(self._engines))
+            self.source.resume([p for p in self._engines if p not in self._held_back])
 
     def _pause_for_store(self) -> None:
         if not self._paused_for_store:
