@@ -218,9 +218,13 @@ class DeadLetterSink:
             self._error = f"{type(exc).__name__}: {exc}"
             return None
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Stop the sender thread, waiting at most ``timeout_s`` (seconds). Waiting longer buys
+        nothing: a letter not acknowledged by now belongs to a delta that was not stored, so
+        it is consumed and sent again at the next start; and a producer still trying to reach
+        a dead broker would hold the shutdown for its whole bootstrap timeout."""
         self._outbox.put(None)
-        self._thread.join(timeout=2 * self.timeout_s + 2.0)
+        self._thread.join(timeout=timeout_s)
 
 
 class _Failed:
