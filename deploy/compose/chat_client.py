@@ -62,14 +62,16 @@ def post(url: str, body: dict, timeout_s: float = 60.0) -> str:
         return "".join(parts)
 
 
-def conversation(args: argparse.Namespace, rng: random.Random, number: int) -> int:
-    """One conversation; returns its number of turns."""
+def conversation(args: argparse.Namespace, rng: random.Random, run: int, number: int) -> int:
+    """One conversation; returns its number of turns. ``run`` and ``number`` make its first
+    message its own: two conversations with the same history and no identity are one
+    conversation asked twice to kvcast (a retry), so two runs of this client must differ."""
     question, system = rng.choice(TOPICS)
     messages = [{"role": "system", "content": system}]
     turns = rng.randint(1, args.max_turns)
     url = args.base_url.rstrip("/") + "/chat/completions"
     for turn in range(1, turns + 1):
-        text = f"{question} ({MARKER} {number}.{turn})" if turn == 1 else f"And then? {MARKER}"
+        text = f"{question} ({MARKER} {run}.{number})" if turn == 1 else f"And then? {MARKER}"
         messages.append({"role": "user", "content": text})
         body = {"model": args.model, "messages": messages, "stream": turn % 2 == 1}
         reply = post(url, body)
@@ -109,7 +111,7 @@ def main() -> int:
                 started[0] += 1
                 number = started[0]
             try:
-                turns = conversation(args, rng, number)
+                turns = conversation(args, rng, base, number)
             except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
                 with lock:
                     failures.append(f"{type(exc).__name__}: {exc}")
