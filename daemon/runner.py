@@ -187,9 +187,12 @@ class Daemon:
             self._engines.pop(partition, None)
             self._queued.pop(partition, None)
             self._awaiting_load.discard(partition)
-            self._held_back.discard(partition)
             if self._dead_letter is not None:
                 self._dead_letter.forget(partition)
+                if partition in self._held_back:  # its next owner sends its letters again
+                    self._held_back.discard(partition)
+                    if not self._held_back:
+                        self.published.set_component("dead_letter", "ok")
 
     def _check_epoch(self) -> None:
         """Reload every owned partition when the store lost its data (its epoch changed):
@@ -334,6 +337,9 @@ class Daemon:
             self._store_recovered()
 
     def _reload(self, partition: str) -> None:
+        # Consumed again from the store's offset: if its dead letters still wait, the next
+        # flush holds it back (and pauses it) again.
+        self._held_back.discard(partition)
         self._engines.pop(partition, None)
         self._queued[partition] = deque()
         self._load_partitions([partition])
