@@ -65,6 +65,8 @@ class KafkaEventProducer:
                          "acks": 1, **kafka_options}  # fmt: skip
         self._max_record = int(self._options.get("max_request_size", 1_048_576))
         self._lock = threading.Lock()
+        self._built = threading.Condition(self._lock)  # a record() call finished building
+        self._building = 0  # record() calls past the closed check, not yet queued or dropped
         self._recorded = 0
         self._sent = 0
         self._dropped: Counter[str] = Counter()
@@ -119,27 +121,33 @@ class KafkaEventProducer:
             if self._closed:
                 self._drop_locked("after_close")
                 return
+            self._building += 1  # close() waits for it: it was recorded before close began
         try:
-            event = self.builder.build(request, response, **context)
-            value = json.dumps(event).encode()
-            key = event["session_id"].encode()
-        except Exception:  # the serving path must never see kvcast fail
-            self._drop("build_error")
-            return
-        size = len(value) + len(key)
-        with self._lock:
-            if self._closed:
-                self._drop_locked("after_close")
-            elif size > self._max_record:
-                self._drop_locked("oversized")
-            elif self._queued >= self.max_queued:
-                self._drop_locked("queue_full_count")
-            elif self._queued_bytes + size > self.max_buffer_bytes:
-                self._drop_locked("queue_full_bytes")
-            else:
-                self._queued += 1
-                self._queued_bytes += size
-                self._queue.put((key, value, size))
+            try:
+                event = self.builder.build(request, response, **context)
+                value = json.dumps(event).encode()
+                key = event["session_id"].encode()
+            except Exception:  # the serving path must never see kvcast fail
+                self._drop("build_error")
+                return
+            size = len(value) + len(key)
+            with self._lock:
+                if self._final is not None:  # close gave up waiting: counted closed_unsent
+                    return
+                if size > self._max_record:
+                    self._drop_locked("oversized")
+                elif self._queued >= self.max_queued:
+                    self._drop_locked("queue_full_count")
+                elif self._queued_bytes + size > self.max_buffer_bytes:
+                    self._drop_locked("queue_full_bytes")
+                else:
+                    self._queued += 1
+                    self._queued_bytes += size
+                    self._queue.put((key, value, size))
+        finally:
+            with self._lock:
+                self._building -= 1
+                self._built.notify_all()
 
     def close(self, timeout_s: float = 10.0) -> dict[str, Any]:
         """Send what is queued for at most ``timeout_s`` seconds, then stop; what is still
@@ -151,10 +159,13 @@ class KafkaEventProducer:
                 return dict(self._final)
             self._closed = True
             self._deadline = deadline
+            # Events that record() took before close began go on the queue ahead of the stop.
+            self._built.wait_for(lambda: self._building == 0, max(0.0, deadline - time.monotonic()))
         self._queue.put(_STOP)
         self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
         with self._lock:
-            unsent = self._queued + self._in_flight  # the sender gave up or is stuck
+            # the sender gave up or is stuck, or a record() call is still building
+            unsent = self._queued + self._in_flight + self._building
             if unsent:
                 self._dropped["closed_unsent"] += unsent
             self._queued = self._queued_bytes = self._in_flight = 0

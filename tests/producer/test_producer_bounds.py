@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
 
 import pytest
@@ -104,3 +105,39 @@ def test_a_bad_request_and_an_oversized_event_are_counted_by_reason() -> None:
     assert report["dropped_by_reason"]["build_error"] == 1
     assert report["dropped_by_reason"]["oversized"] == 1
     assert report["recorded"] == report["dropped"] == 2
+
+
+class HeldBuilder(EventBuilder):
+    """A builder that holds its first build until released: a request the serving path handed
+    over (recorded) whose event is still being built when the producer is closed."""
+
+    def __init__(self, secret: bytes) -> None:
+        super().__init__(secret)
+        self.building = threading.Event()
+        self.release = threading.Event()
+
+    def build(self, *args, **kwargs):
+        self.building.set()
+        assert self.release.wait(10)
+        return super().build(*args, **kwargs)
+
+
+@pytest.mark.parametrize("kafka_topic", [1], indirect=True)
+def test_an_event_recorded_before_close_is_sent_not_dropped_after_close(
+    kafka_bootstrap: str, kafka_topic: str
+) -> None:
+    """Before: "1 recorded, 0 sent, 1 dropped (after_close 1)" when close came mid-build."""
+    builder = HeldBuilder(SECRET)
+    producer = KafkaEventProducer(kafka_bootstrap, kafka_topic, builder)
+    recording = threading.Thread(target=served, args=(producer, 1))
+    recording.start()
+    assert builder.building.wait(10)
+    closing = threading.Thread(target=producer.close, kwargs={"timeout_s": 15})
+    closing.start()
+    wait_for(lambda: producer._closed, "close to begin")  # the race: close while building
+    builder.release.set()
+    recording.join(10)
+    closing.join(20)
+    report = producer.stats()
+    assert (report["recorded"], report["sent"], report["dropped"]) == (1, 1, 0), report
+    assert len(read_back(kafka_bootstrap, kafka_topic, 1, 1)) == 1
