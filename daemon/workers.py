@@ -47,10 +47,22 @@ class WorkerPool:
         self._on_failure = on_failure
         context = multiprocessing.get_context("spawn")  # no forked threads or sockets
         self._reports: Any = context.Queue()
+        # A worker still importing has Python's default SIGTERM action (death, exit code -15):
+        # it is told to stop through ``_stop_requested`` until it has set its ``ready`` flag.
+        self._stop_requested: Any = context.Event()
+        self._ready: list[Any] = [context.Event() for _ in range(1, settings.workers)]
         self._processes = [
             context.Process(
                 target=worker_main,
-                args=(settings, index, logs, self._reports, os.getpid()),
+                args=(
+                    settings,
+                    index,
+                    logs,
+                    self._reports,
+                    os.getpid(),
+                    self._stop_requested,
+                    self._ready[index - 1],
+                ),
                 name=f"kvcast-worker-{index}",
                 daemon=False,
             )
@@ -69,14 +81,21 @@ class WorkerPool:
         self._watcher.start()
 
     def request_stop(self) -> None:
-        """SIGTERM every worker: each drains and commits what it applied (signal-safe)."""
+        """Stop every worker: each drains and commits what it applied (signal-safe).
+
+        A worker that has installed its handlers gets SIGTERM; one still starting sees the
+        shared stop event once it is ready (it sets ``ready`` before it looks, and the stop
+        event is set here before ``ready`` is read, so one of the two always sees the other).
+        """
         self._stopping.set()
         if self._signalled:
             return  # once: a second SIGTERM could hit a worker's interpreter shutdown, where
-            # Python has put back the default handler, and kill it (exit code -15)
+            # Python has put back the default handler, and kill it (exit code -15); and a
+            # handler that interrupted the first call must not wait on the event's lock
         self._signalled = True
-        for process in self._processes:
-            if process.pid is not None and process.exitcode is None:
+        self._stop_requested.set()
+        for process, ready in zip(self._processes, self._ready, strict=True):
+            if process.pid is not None and process.exitcode is None and ready.is_set():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(process.pid, signal.SIGTERM)
 
@@ -182,9 +201,18 @@ def _add_classifier(left: dict[str, Any] | None, right: dict[str, Any]) -> dict[
 
 
 def worker_main(
-    settings: DaemonSettings, index: int, logs: LogConfig, reports: Any, primary_pid: int
+    settings: DaemonSettings,
+    index: int,
+    logs: LogConfig,
+    reports: Any,
+    primary_pid: int,
+    stop_requested: Any,
+    ready: Any,
 ) -> None:
-    """A worker process: consume, apply and commit its partitions; report to the primary."""
+    """A worker process: consume, apply and commit its partitions; report to the primary.
+
+    ``stop_requested`` and ``ready`` are ``multiprocessing`` events shared with the primary.
+    """
     logs.configure(worker=index)
     reports.cancel_join_thread()  # never block exit on figures the primary no longer reads
     store, source = open_store_and_source(settings)
@@ -193,6 +221,9 @@ def worker_main(
     daemon, publisher = instance.daemon, instance.publisher
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: daemon.request_stop())
+    ready.set()
+    if stop_requested.is_set():  # asked while starting, before SIGTERM was safe to send
+        daemon.request_stop()
 
     def report() -> None:
         while not daemon.stopping:

@@ -194,6 +194,29 @@ def test_two_processes_split_the_partitions_and_match_the_reference(
 
 
 @pytest.mark.integration
+def test_a_sigterm_while_a_worker_is_still_starting_stops_the_instance_cleanly(
+    tmp_path, kafka_bootstrap, kafka_topic, redis_url, redis_namespace
+) -> None:
+    # The primary answers HTTP seconds before a spawned worker has imported the daemon and
+    # installed its handlers; a SIGTERM sent to that worker then killed it (exit code -15),
+    # and the instance exited 1 on an orderly stop (a fresh-clone CI run met it after a
+    # restart on a loaded machine).
+    daemon = DaemonProcess(
+        run_args(kafka_bootstrap, kafka_topic, redis_url, redis_namespace, 2),
+        tmp_path / "daemon.log",
+    )
+    try:
+        pids = worker_pids(daemon)
+        assert assigned_partitions(daemon.text(), True) == 0  # worker 1 has not joined yet
+        assert daemon.stop(signal.SIGTERM) == 0, daemon.text()[-3000:]
+        assert "exited with code" not in daemon.text()
+        assert not any(alive(pid) for pid in pids)
+    finally:
+        if daemon.process.poll() is None:
+            daemon.stop(signal.SIGKILL)
+
+
+@pytest.mark.integration
 @pytest.mark.slow
 def test_a_killed_worker_stops_the_instance_and_the_restart_loses_nothing(
     tmp_path, kafka_bootstrap, kafka_topic, redis_url, redis_client, redis_namespace
@@ -215,7 +238,7 @@ def test_a_killed_worker_stops_the_instance_and_the_restart_loses_nothing(
         assert producer.error is None and len(producer.records) == 5000
         wait_consumed(redis_client, redis_namespace, kafka_topic, producer.records, 4, 90)
         assert compare(second, producer.records) == []
-        assert second.stop(signal.SIGTERM) == 0
+        assert second.stop(signal.SIGTERM) == 0, second.text()[-3000:]
     finally:
         for daemon in (first, second):
             if daemon is not None and daemon.process.poll() is None:
