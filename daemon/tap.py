@@ -54,6 +54,7 @@ from aiohttp.abc import AbstractAccessLogger
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from kvcast.daemon.gc_tuning import tune_for_latency
 from kvcast.daemon.tap_copy import ResponseCopy, copy_for
 
 log = logging.getLogger(__name__)
@@ -459,8 +460,10 @@ class Tap:
 def run_tap(tap: Tap, host: str, port: int) -> None:
     """Serve until SIGINT/SIGTERM."""
     log.info("kvcast tap: listening on %s:%d, upstream %s", host, port, tap.upstream)
+    app = tap.app()
+    tune_for_latency()  # after start-up has allocated what it keeps
     with contextlib.suppress(KeyboardInterrupt):
-        web.run_app(tap.app(), host=host, port=port, print=None, handle_signals=True,
+        web.run_app(app, host=host, port=port, print=None, handle_signals=True,
                     handler_cancellation=True, access_log_class=TapAccessLogger,
                     access_log=access_log,
                     backlog=max(128, tap.limits.max_connections))  # fmt: skip

@@ -6,7 +6,13 @@ import gc
 import subprocess
 import sys
 
-from kvcast.daemon.gc_tuning import FIRST_GENERATION, OLDER_GENERATIONS, tune_for_streaming
+from kvcast.daemon.gc_tuning import (
+    FIRST_GENERATION,
+    LATENCY_THRESHOLDS,
+    OLDER_GENERATIONS,
+    latency_tuned,
+    tune_for_streaming,
+)
 
 
 def test_tuning_raises_the_thresholds() -> None:
@@ -49,3 +55,29 @@ def test_replay_command_tunes_and_importing_the_library_does_not(tmp_path) -> No
     ).stdout.split()
     untouched, tuned = out
     assert untouched != str(FIRST_GENERATION) and tuned == str(FIRST_GENERATION)
+
+
+def test_the_latency_tuning_freezes_start_up_and_keeps_a_small_young_generation() -> None:
+    before = gc.get_threshold()
+    kept = [object() for _ in range(10)] + [[] for _ in range(1000)]  # start-up's objects
+    with latency_tuned():
+        assert gc.get_threshold() == LATENCY_THRESHOLDS
+        assert LATENCY_THRESHOLDS[0] == 700  # young collections stay short (module docstring)
+        assert gc.get_freeze_count() >= 1000  # out of every later full collection's scan
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    assert len(kept) == 1010
+
+
+def test_cycles_are_still_collected_under_the_latency_tuning() -> None:
+    collected = []
+
+    class Node:
+        def __del__(self) -> None:
+            collected.append(True)
+
+    with latency_tuned():
+        node = Node()
+        node.self = node
+        del node
+        gc.collect()
+    assert collected == [True]
