@@ -1,4 +1,4 @@
-"""The shadow simulation (``kvcast.stats.shadow``) fed from the consumer loop (SPEC 12).
+"""The shadow simulation (``kvcast.stats.shadow``) fed from the consumer loop (SPEC section 12).
 
 The publishing process (the primary) runs one sampled block-level LRU simulation at the
 published curve's capacities over the events its partitions accept (duplicates and rejected

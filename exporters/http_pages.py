@@ -28,7 +28,7 @@ class PublishedState(Protocol):
         """The latest forecast, with its capacity ``curve``; None before the first one."""
 
     def table_document(self) -> dict[str, Any] | None:
-        """The latest priority table (SPEC 5), with an int ``version``; None before the first."""
+        """The latest priority table (SPEC section 5), an int ``version``; None before the first."""
 
     def readiness(self) -> tuple[bool, dict[str, str]]:
         """(ready, {component: "ok" or the reason it is not})."""

@@ -1,4 +1,4 @@
-"""The hit-ratio forecast from a ``WorkloadSample`` or from given moments (SPEC sec 4).
+"""The hit-ratio forecast from a ``WorkloadSample`` or from given moments (SPEC section 4).
 
 Units: blocks (KV blocks of ``block_size`` tokens), seconds, conversations per second.
 

@@ -1,4 +1,4 @@
-"""Mean-field LRU characteristic time and hit ratio (SPEC sec 4; mean-field paper C.2).
+"""Mean-field LRU characteristic time and hit ratio (SPEC section 4; mean-field paper C.2).
 
 Units: rates per second, times in seconds, sizes in KV blocks.
 
@@ -180,7 +180,7 @@ class EmpiricalModel:
 
 
 class ParametricModel:
-    """Single class with a distribution F (SPEC sec 4, the paper's estimator)::
+    """Single class with a distribution F (SPEC section 4, the paper's estimator)::
 
     d(T) = lam * E_B * T + lam * A_move * int_0^T (1 - F),  h = A_hit / A_R * F(T_C)
 

@@ -1,4 +1,4 @@
-"""``kvcast forecast``: the mean-field hit-ratio forecast from given moments (SPEC sec 4, 6).
+"""``kvcast forecast``: the mean-field hit-ratio forecast from given moments (SPEC sections 4, 6).
 
 The computation lives in ``kvcast.stats.forecast``; this module parses flags and prints. A
 ``--from-replay FILE`` path can build its ``Forecast`` with ``forecast_from_sample`` and reuse

@@ -104,7 +104,7 @@ def _load(redis_url: str | None, namespace: str, http: str | None, replay: Path 
 )
 @stats_options
 @taxonomy_options
-@click.option("--json", "as_json", is_flag=True, help="Print the table document (SPEC 5).")
+@click.option("--json", "as_json", is_flag=True, help="Print the table document (SPEC section 5).")
 def table(
     redis_url: str | None,
     namespace: str,

@@ -31,7 +31,7 @@ TURNS = 32
 
 
 def synthetic_table(intents: int = INTENTS, turns: int = TURNS, seed: int = 7) -> dict[str, Any]:
-    """A full table (every state listed) with random statistics, SPEC 5 shape."""
+    """A full table (every state listed) with random statistics, SPEC section 5 shape."""
     rng = random.Random(seed)
     states = [
         {

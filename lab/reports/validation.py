@@ -1,4 +1,4 @@
-"""Validation of the hit-ratio forecast against Algorithm 1 (SPEC sec 4): the grid runner.
+"""Validation of the hit-ratio forecast against Algorithm 1 (SPEC section 4): the grid runner.
 
 For every (preset, lambda0) one trace is generated (deterministic seed) and used for every
 capacity N: its events go through the product's statistics path (``parse_event`` ->

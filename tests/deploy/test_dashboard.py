@@ -92,7 +92,7 @@ def test_the_dashboard_shows_what_spec_8_asks_for() -> None:
         "kvcast_classifier_latency_seconds_bucket",
         "kvcast_consumer_lag_events",
         "kvcast_events_rejected_total",
-        "kvcast_forecast_error",  # SPEC 12: the shadow simulation beside the forecast
+        "kvcast_forecast_error",  # SPEC section 12: the shadow simulation beside the forecast
     ):
         assert series in text, series
     heatmaps = [p for p in dashboard()["panels"] if p["type"] == "heatmap"]

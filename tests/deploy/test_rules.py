@@ -56,7 +56,7 @@ def test_every_alert_has_severity_annotations_and_an_existing_runbook() -> None:
 
 
 def test_the_spec_alerts_are_all_there() -> None:
-    """SPEC 8: below a threshold, dropped against its own level, stale, observed far below
+    """SPEC section 8: below a threshold, dropped against its own level, stale, observed far below
     the forecast, consumer lag growing, events rejected."""
     exprs = {rule["alert"]: " ".join(rule["expr"].split()) for rule in alerting_rules()}
     assert "kvcast_hit_ratio_forecast) <" in exprs["KvcastPredictedHitRatioLow"]

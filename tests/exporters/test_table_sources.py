@@ -33,7 +33,7 @@ from kvcast.stats.priority import redis_table_key
 
 
 def table(version: int, p_continue: float = 0.9) -> dict[str, Any]:
-    """A table document the client accepts (SPEC 5)."""
+    """A table document the client accepts (SPEC section 5)."""
     return {
         "version": version,
         "generated_at": 1000.0 + version,

@@ -20,7 +20,7 @@ from kvcast.stats.priority import AGE_BUCKETS, PriorityIndex, TableError, age_bu
 
 
 def table(*states: tuple[str, int, float, float], **extra: object) -> dict[str, object]:
-    """A SPEC 5 document from (intent, turn, p_continue, median_reuse_s) rows."""
+    """A SPEC section 5 document from (intent, turn, p_continue, median_reuse_s) rows."""
     rows = [
         {"intent": i, "turn": t, "p_continue": p, "median_reuse_s": m, "mu": None,
          "sigma": None, "conversations": 10, "delay_samples": 5}

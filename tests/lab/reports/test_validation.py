@@ -1,4 +1,4 @@
-"""Forecast validation against Algorithm 1 (SPEC sec 4) and the finite-size refinements."""
+"""Forecast validation against Algorithm 1 (SPEC section 4) and the finite-size refinements."""
 
 from __future__ import annotations
 
