@@ -31,7 +31,9 @@ def tracked_files() -> list[Path]:
     names = subprocess.run(
         ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, text=True
     ).stdout.split("\0")
-    return [ROOT / n for n in names if n and Path(n).suffix in SUFFIXES and (ROOT / n).is_file()]
+    here = Path(__file__).resolve()  # its parser test spells the refused forms on purpose
+    paths = [ROOT / n for n in names if n and Path(n).suffix in SUFFIXES]
+    return [path for path in paths if path.is_file() and path.resolve() != here]
 
 
 def spec_headings() -> set[int]:

@@ -92,7 +92,7 @@ def bench(
     shadow_exact_requests: int | None,
     as_json: bool,
 ) -> None:
-    """Run the benchmark suites; print a Markdown table (the README's) or JSON."""
+    """Run the benchmark suites; print a Markdown table (docs/performance.md's) or JSON."""
     tune_for_streaming()  # the figures are those of `kvcast run` and `kvcast replay`
     chosen = suites or DEFAULT_SUITES
     machine = describe_machine()

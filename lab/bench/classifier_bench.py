@@ -56,7 +56,7 @@ class ClassifierBenchResult:
     fallbacks: int = 0
 
     def rows(self) -> list[tuple[str, str, str, str]]:
-        """(benchmark, figure, baseline, ratio) rows for the README table."""
+        """(benchmark, figure, baseline, ratio) rows for the benchmark table."""
         where = f"{self.backbone.split('/')[-1]}, {self.device}"
         base = f"{self.encoder_per_s:,.0f} texts/s (encoder forward, batch {self.batch})"
         rows = [

@@ -82,7 +82,7 @@ class ClientBenchResult:
         return {**asdict(self), "priority_ns": self.priority_ns}
 
     def rows(self) -> list[tuple[str, str, str, str]]:
-        """(benchmark, figure, baseline, ratio) rows for the README table."""
+        """(benchmark, figure, baseline, ratio) rows for the benchmark table."""
         return [
             (
                 "IAC priority (engine client, 992 states)",

@@ -9,7 +9,7 @@ restarted pod does. Printed per assignment and membership: seconds from the stop
 restarted member holds partitions again (or ``never`` within ``--wait``), and how many
 partitions the member that stayed had revoked meanwhile. On a broker that implements KIP-345
 a static member gets its old partitions back at once, with no revocation anywhere; this is
-the measurement kvcast's decision not to offer it rests on (README, "Rolling restarts").
+the measurement kvcast's decision not to offer it rests on (docs/operating.md, "Rolling restarts").
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ class ThroughputResult:
     shared_index_off_per_s: float = 0.0
 
     def rows(self) -> list[tuple[str, str, str, str]]:
-        """(benchmark, figure, baseline, ratio) rows for the README table."""
+        """(benchmark, figure, baseline, ratio) rows for the benchmark table."""
         decode = f"{self.decode_per_s:,.0f} lines/s (orjson.loads)"
 
         def ratio(value: float) -> str:

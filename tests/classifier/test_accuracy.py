@@ -82,8 +82,8 @@ def test_heads_beat_chance_and_trained_beats_zero_shot(held_out) -> None:
         assert result.accuracy > chance + 5 * math.sqrt(chance * (1 - chance) / n)
         assert result.macro_f1 > 0.4
     gain, se = paired_difference(truth, trained, zero)
-    # Measured: +0.072 ± 0.030 over 180 held-out requests (README). Two paired standard errors
-    # above zero: the gain is real at this sample size, not an accident of the split.
+    # Measured: +0.072 ± 0.030 over 180 held-out requests (docs/classifier.md). Two paired
+    # standard errors above zero: the gain is real at this sample size, not a fluke of the split.
     assert gain > 2 * se
 
 

@@ -325,8 +325,8 @@ def test_the_backend_refuses_flags_that_select_another_cache(
 
 
 def readme_sglang_request() -> dict[str, Any]:
-    """The request body of the README's SGLang recipe (its curl line), as a user pastes it."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    """The request body of docs/engines.md's SGLang recipe (its curl line), as a user pastes it."""
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "engines.md").read_text()
     section = readme[readme.index("### SGLang (0.5.23)") :]
     body = section[section.index("-d '") + 4 :]
     return json.loads(body[: body.index("'")])

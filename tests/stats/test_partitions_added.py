@@ -1,5 +1,5 @@
 """What adding partitions to the topic does to the conversations open at that moment (the
-README's "Adding partitions"): each is counted as two, the turns before the change in the
+docs/operating.md's "Adding partitions"): each is counted as two, the turns before the change in the
 old partition and the turns after it in the new one; the rest of the statistics stay exact.
 
 Kafka's key hashing moves a session to another partition when the partition count changes.
