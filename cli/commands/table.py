@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import socket
 import sys
+import urllib.error
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -76,9 +78,36 @@ def _load(redis_url: str | None, namespace: str, http: str | None, replay: Path 
     try:
         return source.fetch(), where  # type: ignore[return-value]
     except TableSourceError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.ClickException(_unreachable(exc, where, redis_url is not None)) from None
     finally:
         source.close()
+
+
+def _reason(error: BaseException | None) -> str | None:
+    """Why nothing answered, in words (``Connection refused``), or None when something did."""
+    if isinstance(error, urllib.error.URLError) and not isinstance(error, urllib.error.HTTPError):
+        error = error.reason if isinstance(error.reason, BaseException) else None
+    if isinstance(error, TimeoutError | socket.timeout):
+        return "no answer within 5 s"
+    if isinstance(error, OSError) and not isinstance(error, urllib.error.HTTPError):
+        return error.strerror or type(error).__name__
+    if error is not None and type(error).__name__ in {"ConnectionError", "TimeoutError"}:
+        return "not reachable"  # redis-py's own errors
+    return None
+
+
+def _unreachable(exc: TableSourceError, where: str, from_redis: bool) -> str:
+    """One line: what did not answer, and what to start or give instead (never a raw repr)."""
+    reason = _reason(exc.__context__)
+    if reason is None:  # it answered, wrongly: the source's own message says how
+        return str(exc)
+    if from_redis:
+        return (f"cannot read the table: the Redis of --redis is unreachable: {reason} ({exc});"
+                " start it, or give the --redis URL the daemon was started with (its --store)"
+                )  # fmt: skip
+    return (f"no kvcast daemon answers at {where} ({reason}): start one with `kvcast run`"
+            " (HTTP on 127.0.0.1:9400 by default), or give --http URL of a running daemon,"
+            " --redis URL of its store or --replay FILE")  # fmt: skip
 
 
 @click.command("table")

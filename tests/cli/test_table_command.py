@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -113,3 +116,33 @@ def test_an_intent_outside_the_taxonomy_counts_as_unknown(tmp_path: Path) -> Non
     bad.write_text("fine\nnot fine\n")
     refused = invoke("--replay", str(events(tmp_path / "e.jsonl")), "--taxonomy-file", str(bad))
     assert refused.exit_code == 2 and f"{bad}:2" in refused.output
+
+
+def free_port() -> int:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        return listener.getsockname()[1]
+
+
+@pytest.mark.parametrize("source", ["http", "redis"])
+def test_with_nothing_listening_the_command_says_what_to_start(source: str) -> None:
+    """The ``kvcast`` command as a user runs it, with no daemon (or no Redis) on the port: one
+    line saying what did not answer and what to start, exit 1, no urllib or redis-py repr."""
+    url = (
+        f"http://127.0.0.1:{free_port()}"
+        if source == "http"
+        else f"redis://127.0.0.1:{free_port()}/0"
+    )
+    kvcast = Path(sys.executable).with_name("kvcast")
+    done = subprocess.run(
+        [str(kvcast), "table", f"--{source}", url], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1 and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert "Connection refused" in line and "<urlopen" not in line and "Traceback" not in line
+    if source == "http":
+        assert line.startswith(f"Error: no kvcast daemon answers at {url}/v1/table")
+        assert "start one with `kvcast run`" in line
+    else:
+        assert line.startswith("Error: cannot read the table: the Redis of --redis is unreachable")
+        assert "the --redis URL the daemon was started with" in line
