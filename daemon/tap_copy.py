@@ -8,7 +8,8 @@ not UTF-8, a compressed body, a line without end), the worst outcome is that the
 - :class:`StreamCopy` (``text/event-stream``): splits lines as bytes arrive, scanning each byte
   once (a stream without newlines is linear, not quadratic), holds at most ``max_line_bytes``
   of an unfinished line (a longer line is skipped up to its newline), and keeps only the reply's
-  text, the id and the usage, at most ``max_bytes`` in all.
+  text, the id, the usage, the first choice's ``finish_reason`` and which tool calls it made
+  (their indices, not their arguments), at most ``max_bytes`` in all.
 - :class:`BodyCopy` (a JSON body): a copy of at most ``max_bytes``; parsed later, off the event
   loop (:meth:`BodyCopy.body`).
 
@@ -147,6 +148,9 @@ class StreamCopy(ResponseCopy):
         self.usage: dict[str, Any] | None = None
         self._parts: list[str] = []
         self._kept = 0  # bytes of reply text kept (UTF-8)
+        self.finish_reason: str | None = None  # the first choice's, as its last chunk says
+        self._tool_calls: set[int] = set()  # indices of the tool calls streamed (bounded: ints)
+        self._function_call = False  # the legacy function_call was streamed
 
     @property
     def pending_bytes(self) -> int:
@@ -206,7 +210,12 @@ class StreamCopy(ResponseCopy):
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta")
+            reason = choice.get("finish_reason")
+            if isinstance(reason, str) and reason:
+                self.finish_reason = reason[:64]
             text = delta.get("content") if isinstance(delta, dict) else None
+            if isinstance(delta, dict):
+                self._calls(delta)
             if text is None:
                 text = choice.get("text")  # completions
             if isinstance(text, str) and text:
@@ -215,6 +224,18 @@ class StreamCopy(ResponseCopy):
                     self._parts = []
                     raise OverflowError
                 self._parts.append(text)
+
+    def _calls(self, delta: dict[str, Any]) -> None:
+        """Note the tool calls a delta streams (at most 1,024 indices: a bound, not a limit
+        any engine reaches)."""
+        calls = delta.get("tool_calls")
+        if isinstance(calls, list):
+            for call in calls:
+                index = call.get("index", 0) if isinstance(call, dict) else None
+                if type(index) is int and len(self._tool_calls) < 1024:
+                    self._tool_calls.add(index)
+        if isinstance(delta.get("function_call"), dict):
+            self._function_call = True
 
     def body(self) -> dict[str, Any] | None:
         if self.counts_lost is not None:
@@ -225,11 +246,15 @@ class StreamCopy(ResponseCopy):
                 self._line_done(line)
             except OverflowError:
                 return None
-        return {
-            "id": self.id,
-            "usage": self.usage or {},
-            "choices": [{"message": {"role": "assistant", "content": "".join(self._parts)}}],
-        }
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self._parts)}
+        if self._tool_calls:
+            message["tool_calls"] = [{"index": i} for i in sorted(self._tool_calls)]
+        if self._function_call:
+            message["function_call"] = {}
+        choice: dict[str, Any] = {"message": message}
+        if self.finish_reason is not None:
+            choice["finish_reason"] = self.finish_reason
+        return {"id": self.id, "usage": self.usage or {}, "choices": [choice]}
 
 
 def copy_for(content_type: str | None, encoding: str | None, max_bytes: int) -> ResponseCopy:

@@ -23,6 +23,10 @@ Standard library only: it runs inside the serving stack (a router callback, a pr
   hash covers everything before it, as an engine's prefix cache does, so two requests share
   leading hashes exactly where they share a prefix; without the secret nobody can tell which
   known prompt a hash stands for.
+- **Intent**: the caller's (``intent``), else the one the request carries for the engine
+  (``vllm_xargs.kvcast_intent`` or SGLang's ``custom_params.kvcast_intent``, the field kvcast's
+  engine adapters read), else how an agent's response ended (:mod:`kvcast.producer.endings`:
+  ``agent_tool_call``, ``agent_stop``, ...), else none (the daemon's classifier, or unknown).
 - **User text** leaves only when ``include_text`` is on (for kvcast's intent classifier).
 """
 
@@ -36,11 +40,14 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kvcast.producer.endings import AGENT_INTENT_MODES, agent_intent
+
 __all__ = ["CHARS_PER_TOKEN", "EventBuilder"]
 
 CHARS_PER_TOKEN = 4  # text blocks stand in for token blocks: about 4 characters a token
 SCHEMA_VERSION = 1
 MAX_SESSION_ID_CHARS = 256
+MAX_INTENT_CHARS = 128  # the event contract's limit on a label
 
 
 class EventBuilder:
@@ -51,6 +58,8 @@ class EventBuilder:
     ``max_conversations``: conversations remembered for turn recovery (least recent dropped).
     ``include_text``: put ``messages``/``prompt`` in the event (for the classifier); off by
     default. ``instance``: the serving instance's name for every event, if any.
+    ``agent_intents``: which responses are labelled by how they ended when no intent is given
+    (``tools``: agents' requests, the default; ``all``; ``off``; :mod:`kvcast.producer.endings`).
     """
 
     def __init__(
@@ -61,7 +70,11 @@ class EventBuilder:
         max_conversations: int = 100_000,
         include_text: bool = False,
         instance: str | None = None,
+        agent_intents: str = "tools",
     ) -> None:
+        if agent_intents not in AGENT_INTENT_MODES:
+            raise ValueError(f"agent_intents must be one of {', '.join(AGENT_INTENT_MODES)}, "
+                             f"got {agent_intents!r}")  # fmt: skip
         if not isinstance(secret, bytes) or len(secret) < 16:
             raise ValueError("secret must be at least 16 bytes (a per-deployment random key)")
         if block_size < 1:
@@ -72,6 +85,7 @@ class EventBuilder:
         self.block_size = block_size
         self.include_text = include_text
         self.instance = instance
+        self.agent_intents = agent_intents
         self._max = max_conversations
         # history + its reply -> (session, turn): what the next turn's history extends
         self._answered: OrderedDict[bytes, tuple[str, int]] = OrderedDict()
@@ -104,7 +118,8 @@ class EventBuilder:
         ``identity``: an opaque caller identity (a configured header's value); ``api_key``:
         the raw API key, only ever used through a keyed hash, never stored or emitted;
         ``cut``: why the response was cut short (``client_disconnect``, ``upstream_error``,
-        ``timeout``, ...), put in the event as ``cut``."""
+        ``timeout``, ...), put in the event as ``cut``. ``intent``: the caller's label; it
+        wins over the request's ``kvcast_intent`` and over how the response ended."""
         response = response or {}
         messages = _messages(request.get("messages"))
         root = self._identity_key(identity, request.get("user"), api_key)
@@ -159,6 +174,10 @@ class EventBuilder:
             event["branch_of"] = branch_of
         if isinstance(cut, str) and cut:
             event["cut"] = cut[:64]
+        if intent is None:
+            intent = _requested_intent(request)
+        if intent is None:
+            intent = agent_intent(request, response, cut, self.agent_intents)
         if intent is not None:
             event["intent"] = intent
         if self.instance is not None:
@@ -277,6 +296,17 @@ def _reply(response: Mapping[str, Any]) -> dict[str, str] | None:
     if not isinstance(message, Mapping):
         return None
     return _messages([message])[0]  # type: ignore[index]
+
+
+def _requested_intent(request: Mapping[str, Any]) -> str | None:
+    """The ``kvcast_intent`` a request carries for the engine (vLLM's ``vllm_xargs``, SGLang's
+    ``custom_params``), when it is a label the event contract takes (1-128 characters)."""
+    for name in ("vllm_xargs", "custom_params"):
+        extra = request.get(name)
+        label = extra.get("kvcast_intent") if isinstance(extra, Mapping) else None
+        if isinstance(label, str) and 0 < len(label) <= MAX_INTENT_CHARS:
+            return label
+    return None
 
 
 def _count(value: Any) -> int:

@@ -11,13 +11,17 @@ __all__ = ["StreamedResponse", "json_object", "response_body"]
 
 
 class StreamedResponse:
-    """A response body assembled from server-sent events: the id, the reply, the usage."""
+    """A response body assembled from server-sent events: the id, the reply, the usage, the
+    first choice's ``finish_reason`` (its last chunk's) and the indices of its tool calls."""
 
     def __init__(self) -> None:
         self._pending = b""
         self.id: str | None = None
         self.parts: list[str] = []
         self.usage: Mapping[str, Any] | None = None
+        self.finish_reason: str | None = None
+        self.tool_calls: set[int] = set()
+        self.function_call = False
 
     def feed(self, chunk: bytes) -> None:
         self._pending += chunk
@@ -38,17 +42,36 @@ class StreamedResponse:
             for choice in data.get("choices") or []:
                 if isinstance(choice, dict) and choice.get("index", 0) == 0:
                     delta = choice.get("delta") or {}
+                    reason = choice.get("finish_reason")
+                    if isinstance(reason, str) and reason:
+                        self.finish_reason = reason
+                    if isinstance(delta, dict):
+                        self._calls(delta)
                     text = delta.get("content") if isinstance(delta, dict) else None
                     text = text if text is not None else choice.get("text")  # completions
                     if isinstance(text, str):
                         self.parts.append(text)
 
+    def _calls(self, delta: Mapping[str, Any]) -> None:
+        calls = delta.get("tool_calls")
+        if isinstance(calls, list):
+            for call in calls:
+                index = call.get("index", 0) if isinstance(call, dict) else None
+                if type(index) is int:
+                    self.tool_calls.add(index)
+        if isinstance(delta.get("function_call"), dict):
+            self.function_call = True
+
     def body(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "usage": self.usage or {},
-            "choices": [{"message": {"role": "assistant", "content": "".join(self.parts)}}],
-        }
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.parts)}
+        if self.tool_calls:
+            message["tool_calls"] = [{"index": i} for i in sorted(self.tool_calls)]
+        if self.function_call:
+            message["function_call"] = {}
+        choice: dict[str, Any] = {"message": message}
+        if self.finish_reason is not None:
+            choice["finish_reason"] = self.finish_reason
+        return {"id": self.id, "usage": self.usage or {}, "choices": [choice]}
 
 
 def json_object(body: bytes) -> dict[str, Any] | None:

@@ -19,7 +19,10 @@ counted dropped.
 
 Configuration, from the environment of the router's process: ``KVCAST_SOURCE`` (required),
 ``KVCAST_HASH_KEY_FILE`` (required; the same file as every tap's), ``KVCAST_BLOCK_SIZE`` (16),
-``KVCAST_INCLUDE_TEXT`` (``1`` sends the messages for kvcast's classifier), ``KVCAST_INSTANCE``.
+``KVCAST_INCLUDE_TEXT`` (``1`` sends the messages for kvcast's classifier), ``KVCAST_INSTANCE``,
+``KVCAST_AGENT_INTENTS`` (``tools``: an agent's request without an intent is labelled by how its
+response ended, ``agent_tool_call``, ``agent_stop``, ...; ``all``; ``off``; see
+:mod:`kvcast.producer.endings`).
 Streamed responses carry token counts only when the client asks for them
 (``stream_options.include_usage``) or vLLM forces them (``--enable-force-include-usage``):
 without, the event's ``input_tokens`` is 0.
@@ -36,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcast.producer.builder import EventBuilder
+from kvcast.producer.endings import AGENT_INTENT_MODES
 from kvcast.producer.kafka import KafkaEventProducer, kafka_topic_of
 from kvcast.producer.responses import response_body
 
@@ -109,11 +113,16 @@ def _producer_from(environ: Mapping[str, str]) -> KafkaEventProducer:
     block_size = environ.get("KVCAST_BLOCK_SIZE", "16")
     if not block_size.isdigit() or int(block_size) < 1:
         raise ValueError(f"KVCAST_BLOCK_SIZE={block_size!r}: expected a positive integer")
+    agent_intents = environ.get("KVCAST_AGENT_INTENTS", "tools")
+    if agent_intents not in AGENT_INTENT_MODES:
+        raise ValueError(f"KVCAST_AGENT_INTENTS={agent_intents!r}: expected one of "
+                         f"{', '.join(AGENT_INTENT_MODES)}")  # fmt: skip
     builder = EventBuilder(
         Path(key_file).read_bytes().strip(),
         block_size=int(block_size),
         include_text=environ.get("KVCAST_INCLUDE_TEXT") == "1",
         instance=environ.get("KVCAST_INSTANCE") or None,
+        agent_intents=agent_intents,
     )
     return KafkaEventProducer(bootstrap, topic, builder)
 

@@ -1,7 +1,10 @@
-"""The intent taxonomy of the IAC paper (appendix C): 30 categories and their 20/10 merges.
+"""The intent taxonomy of the IAC paper (appendix C): 30 categories and their 20/10 merges,
+plus the agent intents kvcast's producers set from how a response ended.
 
 Pure data shared by the statistics (state keys), the classifier (labels) and the generator.
 ``unknown`` is a valid state of its own: no classifier input, classifier disabled, or over budget.
+The agent intents (:data:`AGENT_INTENTS`) are states of every taxonomy size but never a
+classifier's output: only a producer sets them (``kvcast.producer.endings``).
 """
 
 from __future__ import annotations
@@ -108,6 +111,18 @@ MERGE_10: MappingProxyType[str, tuple[str, ...]] = MappingProxyType(
     }
 )
 
+# How an agent's response ended (its OpenAI finish_reason), set by kvcast's producers when the
+# caller gives no intent (docs/events.md, "Agent intents"); the same in the 30, 20 and 10 sizes.
+AGENT_INTENTS: MappingProxyType[str, str] = MappingProxyType(
+    {
+        "agent_tool_call": "The response called a tool (finish_reason tool_calls or function_call, or a reply carrying tool calls): the caller's machine runs it and comes back, in seconds.",
+        "agent_stop": "The response ended its turn (finish_reason stop): the next turn, if any, is a person's.",
+        "agent_length": "The response reached its token limit (finish_reason length).",
+        "agent_content_filter": "The engine's content filter ended the response (finish_reason content_filter).",
+        "agent_cut": "The response never finished: the client hung up, the upstream failed or timed out, or the engine aborted it (no finish_reason, or abort).",
+    }
+)
+
 TAXONOMIES: MappingProxyType[int, tuple[str, ...]] = MappingProxyType(
     {
         30: tuple(INTENTS_30),
@@ -128,10 +143,10 @@ def merge_map(size: int) -> dict[str, str]:
 
 
 def intents(size: int = 30) -> tuple[str, ...]:
-    """State labels of a taxonomy: its categories followed by ``unknown``."""
+    """State labels of a taxonomy: its categories, the agent intents, then ``unknown``."""
     if size not in TAXONOMIES:
         raise ValueError(f"taxonomy size must be 30, 20 or 10, got {size}")
-    return (*TAXONOMIES[size], UNKNOWN)
+    return (*TAXONOMIES[size], *AGENT_INTENTS, UNKNOWN)
 
 
 # At most this many intents a deployment may add (``--taxonomy-file``): every state label becomes
@@ -144,8 +159,8 @@ def label_map(size: int = 30, extra: Sequence[str] = ()) -> dict[str, str]:
     """Producer label -> the state label it counts under; a label not in it folds to unknown.
 
     The ``size``-category taxonomy's labels (30, 20 or 10) map to themselves, and with 20 or 10
-    the original 30 map to their merged category; ``extra`` intents (a deployment's own) map to
-    themselves; ``unknown`` to itself. The same map in every process: a label's fate never
+    the original 30 map to their merged category; the agent intents and ``extra`` intents (a
+    deployment's own) map to themselves; ``unknown`` to itself. The same map in every process: a label's fate never
     depends on which labels a process happened to see first. ValueError names a bad extra.
     """
     mapping = {label: label for label in intents(size)}

@@ -12,6 +12,7 @@ from kvcast.cli.options import Floats, Ints, log_format_option
 from kvcast.daemon.logs import LogConfig
 from kvcast.daemon.tap import MAX_BODY_BYTES, Tap, TapLimits, run_tap
 from kvcast.producer import EventBuilder, KafkaEventProducer
+from kvcast.producer.endings import AGENT_INTENT_MODES
 from kvcast.producer.kafka import kafka_topic_of
 
 
@@ -125,12 +126,22 @@ def _listen(value: str) -> tuple[str, int]:
     help="Request header naming the user or session (repeatable or comma-separated, e.g. "
     "x-user-id,x-session-id): the first present becomes the event's identity.",
 )
+@click.option(
+    "--agent-intents",
+    default="tools",
+    show_default=True,
+    type=click.Choice(AGENT_INTENT_MODES),
+    envvar="KVCAST_AGENT_INTENTS",
+    help="Label a request without an intent by how its response ended (agent_tool_call, "
+    "agent_stop, agent_length, agent_content_filter, agent_cut): tools: agents' requests "
+    "(they offer tools or carry tool results); all: every response; off: none.",
+)
 @log_format_option
 def tap_command(listen: str, upstream: str, source: str, hash_key_file: Path, block_size: int,
                 include_text: bool, instance: str | None, max_connections: int,
                 connect_timeout: float, first_byte_timeout: float, idle_timeout: float,
                 max_body_bytes: int, max_event_bytes: int, identity_headers: tuple[str, ...],
-                log_format: str) -> None:  # fmt: skip
+                agent_intents: str, log_format: str) -> None:  # fmt: skip
     """Proxy an OpenAI-compatible engine (vLLM, SGLang) and send kvcast an event per request.
 
     /v1/chat/completions and /v1/completions (streaming or not) are forwarded and turned into
@@ -148,7 +159,7 @@ def tap_command(listen: str, upstream: str, source: str, hash_key_file: Path, bl
     secret = hash_key_file.read_bytes().strip()
     try:
         builder = EventBuilder(secret, block_size=block_size, include_text=include_text,
-                               instance=instance)  # fmt: skip
+                               instance=instance, agent_intents=agent_intents)  # fmt: skip
     except ValueError as exc:
         raise click.BadParameter(
             f"{hash_key_file}: {exc}", param_hint="'--hash-key-file'"

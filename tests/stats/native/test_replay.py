@@ -22,7 +22,7 @@ from kvcast.stats.engine import StatsEngine
 from kvcast.stats.labeller import IntentLabeller
 from kvcast.stats.native.replay import NativeReplay, ReplayUnsupported
 from kvcast.stats.replay import Pipeline, replay_lines
-from kvcast.stats.taxonomy import INTENTS_30, intents, label_map
+from kvcast.stats.taxonomy import AGENT_INTENTS, INTENTS_30, intents, label_map
 from kvcast.stats.window import DelaySample
 from tests.stats.test_events_decoder import EDGE_CASES, payloads
 from tests.support import canonical, require_native, shared_prefix_events
@@ -271,10 +271,11 @@ def _as_finished(engine: StatsEngine) -> StatsEngine:
 def test_labels_outside_the_taxonomy_fold_into_unknown_as_the_labeller_does(
     size: int, extra: tuple[str, ...]
 ) -> None:
-    """Taxonomy labels, the 30 originals under a merge, a deployment's extra intents and 80
-    junk labels sent first (label squatting): both engines give every event the same state."""
+    """Taxonomy labels, the 30 originals under a merge, the agent intents, a deployment's extra
+    intents and 80 junk labels sent first (label squatting): both engines give every event the
+    same state."""
     junk = [f"label-{i}" for i in range(80)]
-    names = [*junk, *INTENTS_30, "billing", "triage", "unknown"]
+    names = [*junk, *INTENTS_30, *AGENT_INTENTS, "billing", "triage", "unknown"]
     lines = [
         event_line(i, 1, float(i), 32, intent=names[i % len(names)], cached=None, request_id=None)
         for i in range(3 * len(names))
