@@ -48,6 +48,16 @@ from kvcast.stats.estimators import (
 from kvcast.stats.finite_size import FluctuationModel
 from kvcast.stats.meanfield import EmpiricalModel, HitRatioModel, single_class_model
 from kvcast.stats.sample import WorkloadSample
+from kvcast.stats.tiers import (
+    DEFAULT_TIER_MODE,
+    GPU,
+    Tier,
+    TierForecast,
+    check_tiers,
+    plan_tier,
+    stack,
+    tier_shares,
+)
 
 __all__ = [
     "DEFAULT_DISPLACEMENT",
@@ -62,6 +72,7 @@ __all__ = [
     "IntentForecast",
     "RequiredCapacity",
     "SharedForecast",
+    "TierForecast",
     "forecast_from_moments",
     "forecast_from_sample",
     "revisit_weights",
@@ -111,12 +122,18 @@ class CurvePoint:
 
 @dataclass(frozen=True)
 class RequiredCapacity:
-    """Smallest whole number of blocks per instance reaching ``target``; bytes if known."""
+    """Smallest whole number of blocks per instance reaching ``target``; bytes if known.
+
+    ``tier``: the tier planned (``gpu``: the whole cache, the tiers below ignored; another:
+    that tier's blocks for the stack's total ``target``, the tiers above as configured,
+    ``kvcast.stats.tiers.plan_tier``); ``already_reached``: the tiers above reach it (0 blocks).
+    """
 
     target: float
     blocks: int | None
     bytes: int | None
-    status: str  # ok | unreachable | no_data | no_rate | zero_rate
+    status: str  # ok | unreachable | already_reached | no_data | no_rate | zero_rate
+    tier: str = GPU
 
 
 @dataclass(frozen=True)
@@ -156,6 +173,10 @@ class Forecast:
     required_capacity: RequiredCapacity | None = None
     shared: SharedForecast | None = None
     estimators: dict[str, float] | None = None
+    # The stack: the GPU tier (capacity_blocks) and the tiers below, each with its share of the
+    # input blocks (kvcast.stats.tiers; they add to the stack's total hit ratio).
+    tier_mode: str = DEFAULT_TIER_MODE
+    tiers: tuple[TierForecast, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict: plain Python numbers, None in place of NaN/inf."""
@@ -189,6 +210,9 @@ def _validate(
     capacities: Sequence[float] | None,
     target: float | None,
     kv_bytes_per_token: float | None,
+    tiers: Sequence[Tier] = (),
+    tier_mode: str = DEFAULT_TIER_MODE,
+    target_tier: str = GPU,
 ) -> None:
     if not (math.isfinite(capacity_blocks) and capacity_blocks > 0):
         raise ValueError(f"capacity_blocks must be > 0, got {capacity_blocks}")
@@ -205,6 +229,10 @@ def _validate(
         raise ValueError(f"target hit ratio must be strictly between 0 and 1, got {target}")
     if kv_bytes_per_token is not None and not (kv_bytes_per_token > 0):
         raise ValueError(f"kv_bytes_per_token must be > 0, got {kv_bytes_per_token}")
+    check_tiers(capacity_blocks, tiers, tier_mode)
+    names = [GPU, *(t.name for t in tiers)]
+    if target_tier not in names:
+        raise ValueError(f"tier {target_tier!r} to plan is not in the stack ({', '.join(names)})")
 
 
 def _rate(lambda0: float | None, instances: int) -> tuple[float, str | None]:
@@ -222,17 +250,19 @@ def _required(
     block_size: int,
     kv_bytes_per_token: float | None,
     degenerate: str | None,
+    capacities: Sequence[tuple[str, float]] = (),
+    tier_mode: str = DEFAULT_TIER_MODE,
+    tier: str = GPU,
 ) -> RequiredCapacity:
     if degenerate is not None:
-        return RequiredCapacity(target, None, None, degenerate)
-    n = model.required_capacity(target)
-    if n is None or not math.isfinite(n):
-        return RequiredCapacity(target, None, None, "unreachable")
-    blocks = math.ceil(n)
+        return RequiredCapacity(target, None, None, degenerate, tier)
+    plan = plan_tier(model.hit_ratio, model.required_capacity, capacities, tier_mode, tier, target)
+    if plan.blocks is None:
+        return RequiredCapacity(target, None, None, plan.status, tier)
     nbytes = None
     if kv_bytes_per_token is not None:
-        nbytes = math.ceil(blocks * block_size * kv_bytes_per_token)
-    return RequiredCapacity(target, blocks, nbytes, "ok")
+        nbytes = math.ceil(plan.blocks * block_size * kv_bytes_per_token)
+    return RequiredCapacity(target, plan.blocks, nbytes, plan.status, tier)
 
 
 def _assemble(
@@ -243,9 +273,15 @@ def _assemble(
     target: float | None,
     kv_bytes_per_token: float | None,
     rate_status: str | None,
+    tiers: Sequence[Tier] = (),
+    tier_mode: str = DEFAULT_TIER_MODE,
+    target_tier: str = GPU,
 ) -> tuple[Forecast, float]:
-    """Solve at ``fields['capacity_blocks']`` (plus curve and target) and build the Forecast."""
+    """Solve at ``fields['capacity_blocks']`` (plus curve, tiers and target) and build the
+    Forecast."""
     n = fields["capacity_blocks"]
+    layers = stack(n, tiers)
+    shares = tier_shares(model.hit_ratio, [c for _, c in layers], tier_mode)
     t_c = float(model.characteristic_time(n))
     upper = model.upper_bound
     status = rate_status or (
@@ -260,7 +296,10 @@ def _assemble(
         )
     req = None
     if target is not None:
-        req = _required(model, target, fields["block_size"], kv_bytes_per_token, rate_status)
+        req = _required(
+            model, target, fields["block_size"], kv_bytes_per_token, rate_status,
+            layers, tier_mode, target_tier,
+        )  # fmt: skip
     forecast = Forecast(
         status=status,
         hit_ratio=float(model.hit_ratio(n)),
@@ -270,6 +309,8 @@ def _assemble(
         characteristic_time_single_class_s=_finite(float(single.characteristic_time(n))),
         curve=curve,
         required_capacity=req,
+        tier_mode=tier_mode,
+        tiers=tuple(TierForecast(name, c, h) for (name, c), h in zip(layers, shares, strict=True)),
         **fields,
     )
     return forecast, t_c
@@ -330,6 +371,9 @@ def forecast_from_sample(
     target: float | None = None,
     kv_bytes_per_token: float | None = None,
     sharing: str = "auto",
+    tiers: Sequence[Tier] = (),
+    tier_mode: str = DEFAULT_TIER_MODE,
+    target_tier: str = GPU,
 ) -> Forecast:
     """Forecast for one of ``instances`` instances of ``capacity_blocks`` blocks each.
 
@@ -337,11 +381,15 @@ def forecast_from_sample(
     is ``paper`` (mean field, no refinement). ``sharing='auto'``: when the window saw shared
     prefixes, ``hit_ratio`` is the forecast with shared blocks (:func:`shared_model`), with
     ``shared`` and every estimator's value in ``estimators``; ``'none'``: conversations only.
+    ``tiers`` below the GPU tier in ``tier_mode``: each tier's share in ``tiers`` (from the
+    same model); ``target_tier``: the tier that ``target`` plans (``kvcast.stats.tiers``).
     """
     lambda0 = sample.lambda0
+    tiered = dict(tiers=tuple(tiers), tier_mode=tier_mode, target_tier=target_tier)
     _validate(
-        capacity_blocks, block_size, instances, lambda0, capacities, target, kv_bytes_per_token
-    )
+        capacity_blocks, block_size, instances, lambda0, capacities, target, kv_bytes_per_token,
+        **tiered,
+    )  # fmt: skip
     if refinement not in REFINEMENTS:
         raise ValueError(f"refinement must be one of {', '.join(REFINEMENTS)}, got {refinement!r}")
     if variant == "paper":
@@ -365,8 +413,14 @@ def forecast_from_sample(
     )
     if L <= 0:
         curve = None if capacities is None else tuple(CurvePoint(c, None, None) for c in capacities)
-        req = None if target is None else RequiredCapacity(target, None, None, "no_data")
-        return Forecast(status="no_data", curve=curve, required_capacity=req, **fields)
+        req = None
+        if target is not None:
+            req = RequiredCapacity(target, None, None, "no_data", target_tier)
+        layers = tuple(TierForecast(name, c, None) for name, c in stack(capacity_blocks, tiers))
+        return Forecast(
+            status="no_data", curve=curve, required_capacity=req, tier_mode=tier_mode,
+            tiers=layers, **fields,
+        )  # fmt: skip
     fields.update(
         A_R=tot.sum_R / L,
         A_H_hash=tot.sum_H_hash / L,
@@ -388,7 +442,7 @@ def forecast_from_sample(
             sample, lam, variant, displacement, "none" if plain else refinement, instances
         )
     forecast, t_c = _assemble(
-        model, single, fields, capacities, target, kv_bytes_per_token, rate_status
+        model, single, fields, capacities, target, kv_bytes_per_token, rate_status, **tiered
     )
     _, _, hit_w = revisit_weights(sample, variant, displacement)
     n = float(capacity_blocks)
@@ -450,14 +504,20 @@ def forecast_from_moments(
     capacities: Sequence[float] | None = None,
     target: float | None = None,
     kv_bytes_per_token: float | None = None,
+    tiers: Sequence[Tier] = (),
+    tier_mode: str = DEFAULT_TIER_MODE,
+    target_tier: str = GPU,
 ) -> Forecast:
     """The paper's single-class forecast from moments (blocks) and a delay distribution F.
 
-    ``displacement='whole'`` moves ``A_H`` (required then) instead of ``A_H_hash``.
+    ``displacement='whole'`` moves ``A_H`` (required then) instead of ``A_H_hash``; ``tiers``,
+    ``tier_mode`` and ``target_tier`` as in :func:`forecast_from_sample`.
     """
+    tiered = dict(tiers=tuple(tiers), tier_mode=tier_mode, target_tier=target_tier)
     _validate(
-        capacity_blocks, block_size, instances, lambda0, capacities, target, kv_bytes_per_token
-    )
+        capacity_blocks, block_size, instances, lambda0, capacities, target, kv_bytes_per_token,
+        **tiered,
+    )  # fmt: skip
     for name, val in (("A_R", A_R), ("A_H_hash", A_H_hash), ("E_B", E_B), ("A_H", A_H)):
         if val is not None and not (math.isfinite(val) and val >= 0):
             raise ValueError(f"{name} must be a finite number >= 0 blocks, got {val}")
@@ -493,4 +553,6 @@ def forecast_from_moments(
         delay_samples=int(getattr(delay, "n", 0)),
         delay=delay.describe(),
     )
-    return _assemble(model, single, fields, capacities, target, kv_bytes_per_token, rate_status)[0]
+    return _assemble(
+        model, single, fields, capacities, target, kv_bytes_per_token, rate_status, **tiered
+    )[0]
