@@ -16,7 +16,7 @@ from kvcast.cli.options import (
     stats_options,
     taxonomy_options,
 )
-from kvcast.cli.replaying import replay_file
+from kvcast.cli.replaying import all_rejected, replay_file
 from kvcast.cli.report import format_replay_report
 from kvcast.daemon.gc_tuning import tune_for_streaming
 from kvcast.stats.native.replay import native_available
@@ -43,6 +43,8 @@ def replay(file: Path, as_json: bool, engine: ReplayEngineName, **kwargs: Any) -
     """Run FILE (one event per line) through the pipeline; print forecast, table and counters.
 
     On a terminal, progress goes to standard error; standard output holds only the result.
+    Exits 1 when FILE is a public trace in its own format (the message names the ``kvcast
+    convert`` line to run) or when every line of it was rejected.
     """
     config = pop_stats_config(kwargs)
     labels = pop_label_map(kwargs)
@@ -67,3 +69,6 @@ def replay(file: Path, as_json: bool, engine: ReplayEngineName, **kwargs: Any) -
         sys.stdout.buffer.write(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n")
     else:
         click.echo(format_replay_report(result))
+    summary = all_rejected(result["events"], file)
+    if summary is not None:  # the report is printed, but a file of nothing is not a success
+        raise click.ClickException(summary)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import subprocess
+import sys
 from pathlib import Path
 
 import orjson
@@ -209,3 +211,66 @@ def test_each_rejection_is_shown_with_its_file_line_reason_and_field(
     human = CliRunner().invoke(cli, ["replay", str(path), "--engine", engine])
     assert "  line 6: out_of_range (field turn)" in human.stdout
     assert "secret" not in human.stdout and "secret" not in result.stdout
+
+
+MOONCAKE = (
+    Path(__file__).resolve().parents[2] / "data" / "traces" / "mooncake_synthetic_trace.jsonl"
+)
+
+
+def kvcast(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The installed ``kvcast`` command, as a user runs it."""
+    command = Path(sys.executable).with_name("kvcast")
+    return subprocess.run([str(command), *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+
+
+def test_a_mooncake_trace_is_refused_with_the_convert_line_that_works(tmp_path: Path) -> None:
+    """The first hour: a file in Mooncake's format given to replay says to convert it, and the
+    two lines it prints, run as printed, replay it (block size 512, the trace's hash blocks)."""
+    trace = tmp_path / "mooncake_synthetic_trace.jsonl"
+    trace.write_bytes(MOONCAKE.read_bytes())
+    refused = kvcast("replay", trace.name, cwd=tmp_path)
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert "a trace in Mooncake's format, not kvcast events" in refused.stderr
+    lines = [line.strip() for line in refused.stderr.splitlines()[1:]]
+    assert (
+        lines[0]
+        == f"kvcast convert --format mooncake {trace.name} mooncake_synthetic_trace.events.jsonl"
+    )
+    assert lines[1].startswith(
+        "kvcast replay mooncake_synthetic_trace.events.jsonl --block-size 512 "
+    )
+    for line in lines:
+        done = kvcast(*line.partition("  (")[0].split()[1:], cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    assert "events: processed 3993, rejected 0" in done.stdout
+
+
+def test_a_bailian_trace_names_its_convert_line(tmp_path: Path) -> None:
+    trace = tmp_path / "bailian.jsonl"
+    record = {"chat_id": 7, "parent_chat_id": -1, "timestamp": 1.5, "input_length": 40,
+              "output_length": 3, "type": "text", "turn": 1, "hash_ids": [1, 2, 3]}  # fmt: skip
+    trace.write_bytes(orjson.dumps(record) + b"\n")
+    refused = kvcast("replay", str(trace), "--json", cwd=tmp_path)
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert f"kvcast convert --format bailian {trace} " in refused.stderr
+    assert "--block-size" not in refused.stderr  # its 16-token blocks are the default
+
+
+def test_a_file_whose_every_line_is_rejected_exits_1_with_a_summary(tmp_path: Path) -> None:
+    log = tmp_path / "wrong.jsonl"
+    log.write_text('{"user": "a", "turn": 1}\n{"user": "b", "turn": 2}\nnot json\n')
+    done = kvcast("replay", str(log), "--json", cwd=tmp_path)
+    assert done.returncode == 1
+    assert orjson.loads(done.stdout)["events"]["rejected"] == 3  # the result is still printed
+    (line,) = done.stderr.splitlines()
+    assert line == (
+        f"Error: every one of the 3 lines of {log} was rejected (invalid_json 1, missing_field 2;"
+        " the most common: missing_field session_id), so nothing was counted: the event contract"
+        " is in docs/events.md"
+    )
+    log.write_text('{"user": "a"}\n' + orjson.dumps(
+        {"session_id": "s", "turn": 1, "timestamp": 0.0, "input_tokens": 5, "output_tokens": 1}
+    ).decode() + "\n")  # fmt: skip
+    assert kvcast("replay", str(log), cwd=tmp_path).returncode == 0  # one good line is a result
