@@ -11,7 +11,10 @@ SGLang 0.5 ``sglang/srt/observability/metrics_collector.py``):
   ``sglang:cached_tokens_total`` / ``sglang:prompt_tokens_total``; else SGLang's gauge
   ``sglang:cache_hit_rate`` as it is. Counts are summed over an endpoint's engine ranks;
 - capacity and block size from vLLM's ``vllm:cache_config_info`` labels ``num_gpu_blocks``
-  and ``block_size``.
+  and ``block_size``;
+- the share of input tokens each cache tier served (``kvcast_engine_hit_ratio_tier``), over the
+  same window, where the engine says which tier a hit came from (``TIER_SOURCES`` below names
+  the counters and the engine files and versions they were read from; docs/tiers_observed.md).
 
 The ``engine`` label of ``kvcast_engine_hit_ratio`` is the endpoint's URL (without credentials
 or query); ``model`` is the engine's ``model_name`` label. Standard library and
@@ -23,7 +26,9 @@ failure is caught, counted (``kvcast_engine_scrape_errors_total{engine,reason}``
 most once a minute per endpoint; after ``STALE_AFTER_FAILURES`` failed scrapes in a row the
 endpoint's ratios are withdrawn. A ratio that is not finite or outside [0, 1] is rejected
 (reason ``bad_value``), never exported; a model an endpoint no longer reports is dropped at its
-next good scrape; at most ``MAX_MODELS_PER_ENGINE`` models are kept per endpoint.
+next good scrape; at most ``MAX_MODELS_PER_ENGINE`` models are kept per endpoint. A tier label
+that is not a short lower-case name is rejected (reason ``bad_tier``), at most
+``MAX_TIERS_PER_MODEL`` tiers are kept per model (reason ``too_many_tiers``).
 """
 
 from __future__ import annotations
@@ -33,11 +38,12 @@ import http.client
 import io
 import logging
 import math
+import re
 import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -50,8 +56,11 @@ __all__ = [
     "EngineScraper",
     "HitRatioWindow",
     "ScrapeError",
+    "TierReading",
+    "TierWindow",
     "engine_capacity",
     "parse_engine_metrics",
+    "parse_engine_tiers",
     "scrape",
 ]
 
@@ -73,6 +82,52 @@ LOG_EVERY_S = 60.0  # at most one warning a minute per endpoint while it keeps f
 
 
 @dataclass(frozen=True)
+class TierSource:
+    """One engine's per-tier counters: tokens served from each tier (``hits``, split by the
+    label ``tier_label``) over the input tokens (``queries``), both cumulative and summed per
+    model over the engine's other labels (ranks, workers)."""
+
+    engine: str  # the family, for messages and docs
+    hits: str  # counter family (as the parser names it, without _total)
+    tier_label: str | None  # None: one family per tier, in ``tier_families``
+    queries: str
+    model_labels: tuple[str, ...] = ("model_name",)  # the first non-empty one names the model
+    tier_families: tuple[tuple[str, str], ...] = ()  # (family, tier) when tier_label is None
+
+
+# Where each engine says which tier served a cached token; the first source an exposition has
+# for a model wins (so an engine's own split is preferred to a connector's). Read from:
+# - vLLM 0.33.0 ``vllm/v1/metrics/loggers.py``: ``vllm:prompt_tokens_cached_by_source``
+#   {model_name, engine, source} ("Prefix-cache hit tokens by the cache tier that supplied
+#   them ... sums to vllm:prefix_cache_hits + vllm:external_prefix_cache_hits"), sources from
+#   ``vllm/v1/metrics/cache_hit_source.py`` (device, host, p2p, disk, external_unspecified; the
+#   KV offloading connector's CPU manager answers host, ``vllm/v1/kv_offload/cpu/manager.py``),
+#   over ``vllm:prefix_cache_queries`` (the queried tokens of the same admissions);
+# - SGLang 0.5.23 ``sglang/srt/observability/metrics_collector.py``: ``sglang:cached_tokens``
+#   {model_name, engine_type, cache_source} (device, host, storage with HiCache's L3; ``total``
+#   when a request has no split), over ``sglang:prompt_tokens`` {..., is_streaming};
+# - LMCache 0.5.6 ``lmcache/observability.py``: ``lmcache:num_hit_tokens`` (tokens retrieved
+#   from LMCache) and ``lmcache:num_vllm_hit_tokens`` (found in vLLM's own cache) over
+#   ``lmcache:num_prompt_tokens``, labelled {model_name, worker_id, role, served_model_name};
+#   ``lmcache:num_requested_tokens`` is only the part asked of LMCache, not the input.
+TIER_SOURCES = (
+    TierSource("vllm", "vllm:prompt_tokens_cached_by_source", "source",
+               "vllm:prefix_cache_queries"),
+    TierSource("sglang", "sglang:cached_tokens", "cache_source", "sglang:prompt_tokens"),
+    TierSource("lmcache", "", None, "lmcache:num_prompt_tokens",
+               model_labels=("served_model_name", "model_name"),
+               tier_families=(("lmcache:num_vllm_hit_tokens", "gpu"),
+                              ("lmcache:num_hit_tokens", "lmcache"))),
+)  # fmt: skip
+# The engines' words for the accelerator's own cache (and vLLM's unattributed connector hits)
+# in kvcast's: the forecast's first tier is "gpu". Other tiers keep the engine's name.
+TIER_ALIASES = {"device": "gpu", "external_unspecified": "external"}
+NOT_TIERS = frozenset({"total"})  # SGLang's label for hits without a split: no one tier's
+TIER_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")  # what may become a label value
+MAX_TIERS_PER_MODEL = 8  # vLLM names five, SGLang three: more is misbehaving
+
+
+@dataclass(frozen=True)
 class EngineReading:
     """One model on one endpoint at one scrape: cumulative counts (tokens or blocks, as the
     engine counts them) or, without counters, the engine's own ratio (0-1)."""
@@ -82,6 +137,20 @@ class EngineReading:
     hits: float | None = None
     queries: float | None = None
     ratio: float | None = None
+
+
+@dataclass(frozen=True)
+class TierReading:
+    """One model's per-tier counts on one endpoint at one scrape: cumulative input tokens
+    (``queries``) and tokens served from each tier (``hits``, kvcast's tier names).
+    ``problems`` are the tier labels refused (reason, what)."""
+
+    engine: str
+    model: str
+    source: str  # which engine's counters (TIER_SOURCES)
+    queries: float
+    hits: Mapping[str, float]
+    problems: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -117,11 +186,37 @@ def parse_engine_metrics(
 ) -> tuple[list[EngineReading], list[EngineCapacity]]:
     """The readings and capacities in one exposition (``text``); ValueError when it is not
     Prometheus text."""
+    readings, capacities, _tiers = _parse(text, engine)
+    return readings, capacities
+
+
+def parse_engine_tiers(text: str, engine: str) -> list[TierReading]:
+    """The per-tier readings in one exposition, one per model; ValueError when it is not
+    Prometheus text."""
+    return _parse(text, engine)[2]
+
+
+_TIER_FAMILIES = {
+    name: source
+    for source in TIER_SOURCES
+    for name in (source.hits, source.queries, *(f for f, _tier in source.tier_families))
+    if name
+}
+
+
+def _parse(
+    text: str, engine: str
+) -> tuple[list[EngineReading], list[EngineCapacity], list[TierReading]]:
     values: dict[tuple[str, str], float] = {}
     gauges: dict[tuple[str, str], float] = {}
     capacities: list[EngineCapacity] = []
+    # (family, model, tier label or "") -> cumulative count, summed over the other labels
+    tier_counts: dict[tuple[str, str, str], float] = {}
     counter_names = {name for pair in COUNTER_PAIRS for name in pair}
     for family in text_string_to_metric_families(text):
+        tier_source = _TIER_FAMILIES.get(family.name.removesuffix("_total"))
+        if tier_source is not None:
+            _count_tiers(family, tier_source, tier_counts)
         if family.name in counter_names:
             for sample in family.samples:
                 if sample.name.endswith("_total"):
@@ -146,7 +241,76 @@ def parse_engine_metrics(
     for (_name, model), ratio in gauges.items():
         if model not in readings:  # checked by the scraper (a ratio out of range is counted)
             readings[model] = EngineReading(engine, model, ratio=ratio)
-    return list(readings.values()), capacities
+    return list(readings.values()), capacities, _tier_readings(engine, tier_counts)
+
+
+def _count_tiers(
+    family: Any, source: TierSource, counts: dict[tuple[str, str, str], float]
+) -> None:
+    """Add one family's ``_total`` samples to ``counts`` by (family, model, tier label)."""
+    name = family.name.removesuffix("_total")
+    tier_label = source.tier_label if name == source.hits else None
+    for sample in family.samples:
+        if not sample.name.endswith("_total"):  # _created, or a gauge of the same name
+            continue
+        labels = sample.labels
+        model = next((labels[k] for k in source.model_labels if labels.get(k)), "")
+        tier = labels.get(tier_label, "") if tier_label else ""
+        key = (name, model, tier)
+        counts[key] = counts.get(key, 0.0) + sample.value
+
+
+def _tier_name(label: str) -> tuple[str | None, str | None]:
+    """(kvcast's name for an engine's tier label, None) or (None, why it is refused); (None,
+    None) for a label that names no tier."""
+    if label in NOT_TIERS:
+        return None, None
+    tier = TIER_ALIASES.get(label, label)
+    if not TIER_NAME.fullmatch(tier):
+        return None, f"tier label {label[:40]!r}"
+    return tier, None
+
+
+def _tier_readings(engine: str, counts: dict[tuple[str, str, str], float]) -> list[TierReading]:
+    """One reading per model, from the first of TIER_SOURCES with its hits and queries."""
+    readings: dict[str, TierReading] = {}
+    for source in TIER_SOURCES:
+        families = source.tier_families or ((source.hits, ""),)
+        hit_names = {name for name, _tier in families}
+        models = {model for name, model, _ in counts if name in hit_names}
+        for model in sorted(models - set(readings)):
+            queries = counts.get((source.queries, model, ""))
+            if queries is None:
+                continue
+            hits: dict[str, float] = {}
+            problems: list[tuple[str, str]] = []
+            for (name, counted_model, label), value in counts.items():
+                if name not in hit_names or counted_model != model:
+                    continue
+                fixed = dict(families).get(name)
+                tier, problem = (fixed, None) if fixed else _tier_name(label)
+                if problem is not None:
+                    problems.append(("bad_tier", problem))
+                elif tier is not None:
+                    hits[tier] = hits.get(tier, 0.0) + value
+            if source.engine == "lmcache" and "lmcache" in hits and "gpu" in hits:
+                # LMCache retrieves from the last chunk boundary below vLLM's own hit, so up to
+                # a chunk per request is counted by both: LMCache serves at most what vLLM lacks.
+                # min() of two non-decreasing counts never decreases, as a counter must not.
+                hits["lmcache"] = min(hits["lmcache"], max(queries - hits["gpu"], 0.0))
+            # The accelerator's tier always; others once they have served a token (vLLM
+            # declares all five sources at 0 whether or not a connector has them).
+            shown = {t: v for t, v in hits.items() if t == "gpu" or v != 0.0}
+            if len(shown) > MAX_TIERS_PER_MODEL:
+                order = sorted(shown, key=lambda t: (t != "gpu", t))
+                problems.append(
+                    ("too_many_tiers", f"{len(shown)} tiers, keeping {MAX_TIERS_PER_MODEL}")
+                )
+                shown = {t: shown[t] for t in order[:MAX_TIERS_PER_MODEL]}
+            readings[model] = TierReading(
+                engine, model, source.engine, queries, shown, tuple(problems)
+            )
+    return list(readings.values())
 
 
 def _capacity(engine: str, labels: dict[str, str]) -> EngineCapacity | None:
@@ -272,11 +436,12 @@ def scrape(url: str, deadline_s: float) -> str:
 
 def _read(
     fetch: Callable[[str, float], str], url: str, deadline_s: float
-) -> tuple[list[EngineReading], list[EngineCapacity]]:
-    """One endpoint's readings and capacities; :class:`ScrapeError` on any failure."""
+) -> tuple[list[EngineReading], list[EngineCapacity], list[TierReading]]:
+    """One endpoint's readings, capacities and per-tier readings; :class:`ScrapeError` on any
+    failure."""
     text = fetch(url, deadline_s)
     try:
-        return parse_engine_metrics(text, engine_name(url))
+        return _parse(text, engine_name(url))
     except Exception as exc:  # the exposition parser raises more than ValueError on garbage
         raise ScrapeError("parse", f"not Prometheus text ({type(exc).__name__}: {exc})") from None
 
@@ -366,6 +531,65 @@ class HitRatioWindow:
         return hits / queries if queries > 0 else None
 
 
+@dataclass
+class TierWindow:
+    """Cumulative (input tokens, tokens per tier) of one model on one engine over the scrapes
+    of the last ``window_s`` seconds. A tier absent from a sample has served nothing yet (SGLang
+    creates a tier's series at its first hit); a count that went down (an engine restart, a tier
+    gone) starts the window anew."""
+
+    window_s: float
+    samples: deque[tuple[float, float, dict[str, float]]] = field(default_factory=deque)
+
+    def add(self, at_s: float, queries: float, hits: Mapping[str, float]) -> None:
+        if self.samples:
+            _at, last_queries, last_hits = self.samples[-1]
+            if queries < last_queries or any(
+                hits.get(tier, 0.0) < count for tier, count in last_hits.items()
+            ):
+                self.samples.clear()
+        self.samples.append((at_s, queries, dict(hits)))
+        while len(self.samples) > 2 and at_s - self.samples[1][0] >= self.window_s:
+            self.samples.popleft()
+
+    def ratios(self) -> dict[str, float]:
+        """Each tier's tokens per input token over the window (since the engine started with
+        one scrape); empty without input tokens."""
+        if not self.samples:
+            return {}
+        _at, queries, hits = self.samples[-1]
+        first_queries, first_hits = 0.0, {}
+        if len(self.samples) > 1:
+            _first_at, first_queries, first_hits = self.samples[0]
+        served = queries - first_queries
+        if served <= 0:
+            return {}
+        return {tier: (n - first_hits.get(tier, 0.0)) / served for tier, n in hits.items()}
+
+
+def invalid_ratios(ratios: Mapping[str, float]) -> str | None:
+    """Why per-tier ratios cannot be shares of the input (None when they can)."""
+    if not all(math.isfinite(r) and 0.0 <= r <= 1.0 for r in ratios.values()):
+        return "tier ratios " + ", ".join(f"{t}={r!r}" for t, r in sorted(ratios.items()))
+    total = sum(ratios.values())
+    if total > 1.0 + 1e-9:
+        return f"tiers serve {total:g} of the input together"
+    return None
+
+
+def invalid_tiers(reading: TierReading) -> str | None:
+    """Why a per-tier reading cannot be counts of input tokens (None when it can): not
+    finite, negative, or more tokens served than asked for."""
+    counts = [reading.queries, *reading.hits.values()]
+    if not all(math.isfinite(c) and c >= 0 for c in counts):
+        served = ", ".join(f"{t}={n!r}" for t, n in sorted(reading.hits.items()))
+        return f"tier counts queries={reading.queries!r} {served}"
+    served_total = sum(reading.hits.values())
+    if served_total > reading.queries:
+        return f"more tokens from the tiers ({served_total:g}) than asked ({reading.queries:g})"
+    return None
+
+
 def invalid(reading: EngineReading) -> str | None:
     """Why a reading cannot be a hit ratio (None when it can): not finite, negative, more
     hits than queries, or a ratio outside [0, 1]."""
@@ -394,14 +618,19 @@ class _Endpoint:
     errors: dict[str, int] = field(default_factory=dict)  # reason -> count
     windows: dict[str, HitRatioWindow] = field(default_factory=dict)  # model -> counts
     gauges: dict[str, float] = field(default_factory=dict)  # model -> the engine's ratio
+    tiers: dict[str, TierWindow] = field(default_factory=dict)  # model -> counts per tier
     logged_at: float = -math.inf
+
+    def count(self, reason: str) -> None:
+        self.errors[reason] = self.errors.get(reason, 0) + 1
 
 
 class EngineScraper:
     """Scrapes each URL every ``interval_s`` seconds, each endpoint in a thread of its own
     with ``timeout_s`` seconds for a whole scrape; :meth:`metrics` gives ``{"engines":
-    [{"engine", "model", "hit_ratio"}], "engine_states": {url: state},
-    "engine_scrape_errors": [{"engine", "reason", "count"}]}`` for the metrics view."""
+    [{"engine", "model", "hit_ratio"}], "engine_tiers": [{"engine", "model", "tier",
+    "hit_ratio"}], "engine_states": {url: state}, "engine_scrape_errors": [{"engine", "reason",
+    "count"}]}`` for the metrics view."""
 
     def __init__(
         self,
@@ -429,7 +658,7 @@ class EngineScraper:
     def scrape_endpoint(self, url: str) -> bool:
         """One scrape of ``url``; True when it gave a reading. Never raises."""
         try:
-            readings, _capacities = _read(self._fetch, url, self.timeout_s)
+            readings, _capacities, tier_readings = _read(self._fetch, url, self.timeout_s)
         except ScrapeError as exc:
             self._failed(url, exc.reason, str(exc))
             return False
@@ -464,16 +693,50 @@ class EngineScraper:
             for models in (endpoint.windows, endpoint.gauges):  # models no longer served
                 for model in [m for m in models if m not in seen]:
                     del models[model]
+            rejected += self._add_tiers(endpoint, now, tier_readings)
             endpoint.failures = 0
             endpoint.scrapes += 1
             previous = endpoint.state
-            endpoint.state = "ok" if readings else "ok (no prefix-cache metrics yet)"
+            endpoint.state = (
+                "ok" if readings or tier_readings else "ok (no prefix-cache metrics yet)"
+            )
             state = endpoint.state
         if previous != state and previous != "not scraped yet":
             log.info("engine metrics %s: %s", endpoint.name, state)
         if rejected:
             self._log(url, "rejected values: " + "; ".join(rejected[:3]))
         return True
+
+    def _add_tiers(self, endpoint: _Endpoint, now: float, readings: list[TierReading]) -> list[str]:
+        """Add one scrape's per-tier readings to ``endpoint`` (its lock held); what was
+        rejected, for the log."""
+        rejected: list[str] = []
+        if len(readings) > MAX_MODELS_PER_ENGINE:
+            endpoint.count("too_many_models")
+            rejected.append(f"{len(readings)} models with tiers, keeping {MAX_MODELS_PER_ENGINE}")
+            readings = sorted(readings, key=lambda r: r.model)[:MAX_MODELS_PER_ENGINE]
+        seen: set[str] = set()
+        for reading in readings:
+            for reason, what in reading.problems:
+                endpoint.count(reason)
+                rejected.append(f"model {reading.model!r}: {what}")
+            problem = invalid_tiers(reading)
+            if problem is not None:
+                endpoint.count("bad_value")
+                rejected.append(f"model {reading.model!r}: {problem}")
+                continue
+            seen.add(reading.model)
+            window = endpoint.tiers.setdefault(reading.model, TierWindow(self.window_s))
+            window.add(now, reading.queries, reading.hits)
+            problem = invalid_ratios(window.ratios())
+            if problem is not None:  # counts that grew faster than the input: start anew
+                endpoint.count("bad_value")
+                rejected.append(f"model {reading.model!r}: {problem} over the window")
+                window.samples.clear()
+                window.add(now, reading.queries, reading.hits)  # valid on its own (above)
+        for model in [m for m in endpoint.tiers if m not in seen]:
+            del endpoint.tiers[model]
+        return rejected
 
     def _failed(self, url: str, reason: str, message: str) -> None:
         with self._lock:
@@ -484,6 +747,7 @@ class EngineScraper:
             if stale:  # its last ratio would be exported forever
                 endpoint.windows.clear()
                 endpoint.gauges.clear()
+                endpoint.tiers.clear()
             endpoint.state = f"unavailable: {message} ({endpoint.failures} failed in a row)"
             if stale:
                 endpoint.state += "; its ratios are withdrawn"
@@ -500,10 +764,11 @@ class EngineScraper:
         log.warning("engine metrics %s: %s", endpoint.name, message)
 
     def metrics(self) -> dict[str, Any]:
-        """The metrics view's ``engines`` (hit ratio per engine and model), their states and
-        the scrape errors by endpoint and reason."""
+        """The metrics view's ``engines`` (hit ratio per engine and model), ``engine_tiers``
+        (per engine, model and tier), their states and the scrape errors by endpoint and
+        reason."""
         with self._lock:
-            engines, errors = [], []
+            engines, tiers, errors = [], [], []
             for endpoint in self._endpoints.values():
                 ratios = {model: w.ratio() for model, w in endpoint.windows.items()}
                 ratios.update(endpoint.gauges)
@@ -512,12 +777,25 @@ class EngineScraper:
                     for model, ratio in sorted(ratios.items())
                     if ratio is not None and math.isfinite(ratio) and 0.0 <= ratio <= 1.0
                 ]
+                for model, window in sorted(endpoint.tiers.items()):
+                    ratios = window.ratios()
+                    if invalid_ratios(ratios) is None:
+                        tiers += [
+                            {"engine": endpoint.name, "model": model, "tier": tier,
+                             "hit_ratio": ratio}
+                            for tier, ratio in sorted(ratios.items())
+                        ]  # fmt: skip
                 errors += [
                     {"engine": endpoint.name, "reason": reason, "count": count}
                     for reason, count in sorted(endpoint.errors.items())
                 ]
             states = {url: endpoint.state for url, endpoint in self._endpoints.items()}
-        return {"engines": engines, "engine_states": states, "engine_scrape_errors": errors}
+        return {
+            "engines": engines,
+            "engine_tiers": tiers,
+            "engine_states": states,
+            "engine_scrape_errors": errors,
+        }
 
     def start(self) -> EngineScraper:
         for number, url in enumerate(self.urls):

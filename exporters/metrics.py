@@ -7,6 +7,7 @@ cardinality is bounded:
 ``intent`` by the taxonomy (and ``--taxonomy-file``; any other is ``unknown``), ``turn`` by
 ``max_turn`` (32), ``reason`` by the fixed rejection reasons, ``target`` by configuration,
 ``engine`` and ``model`` by the ``--engine-metrics`` endpoints and the models they serve,
+``tier`` (engine side) by ``MAX_TIERS_PER_MODEL`` names of the engines' own,
 ``capacity_blocks`` by the published curve (17 points).
 """
 
@@ -51,6 +52,12 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "gauge",
         "Prefix-cache hit ratio an engine reports, over its last scrapes (0-1).",
         ("engine", "model"),
+    ),
+    "kvcast_engine_hit_ratio_tier": (
+        "gauge",
+        "Share of an engine's input tokens served from one cache tier, over its last scrapes"
+        " (0-1).",
+        ("engine", "model", "tier"),
     ),
     "kvcast_engine_scrape_errors": (
         "counter",
@@ -233,6 +240,10 @@ class KvcastCollector(Collector):
         for engine in view.engines:
             families["kvcast_engine_hit_ratio"].add_metric(
                 [engine["engine"], engine["model"]], float(engine["hit_ratio"])
+            )
+        for tier in view.engine_tiers:
+            families["kvcast_engine_hit_ratio_tier"].add_metric(
+                [tier["engine"], tier["model"], tier["tier"]], float(tier["hit_ratio"])
             )
         for error in view.engine_scrape_errors:
             families["kvcast_engine_scrape_errors"].add_metric(

@@ -35,8 +35,10 @@ class MetricsView:
     components: dict[str, str] = field(default_factory=dict)
     store_latency: dict[str, Histogram] = field(default_factory=dict)
     classifier: dict[str, Any] | None = None
-    # --engine-metrics: [{"engine": URL, "model", "hit_ratio"}], each URL's state and the
-    # failed scrapes so far, [{"engine": URL, "reason", "count"}]
+    # --engine-metrics: [{"engine": URL, "model", "hit_ratio"}], the same per cache tier
+    # [{"engine": URL, "model", "tier", "hit_ratio"}] (shares of the input, 0-1), each URL's
+    # state and the failed scrapes so far, [{"engine": URL, "reason", "count"}]
     engines: list[dict[str, Any]] = field(default_factory=list)
+    engine_tiers: list[dict[str, Any]] = field(default_factory=list)
     engine_states: dict[str, str] = field(default_factory=dict)
     engine_scrape_errors: list[dict[str, Any]] = field(default_factory=list)
