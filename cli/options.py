@@ -1,6 +1,7 @@
 """Command-line flags shared by several commands, each declared once here.
 
-The statistics flags (``replay``, ``run``, ``table``), the cache being forecast, the block size
+The statistics flags (``replay``, ``run``, ``table``), the cache being forecast and its tiers
+(``--tier``, ``--tier-mode``: ``run``, ``forecast``, ``simulate``), the block size
 (also ``forecast``, ``simulate``, ``generate``) and the classifier's backbone and taxonomy
 (``classify``, ``train-head``).
 
@@ -21,6 +22,7 @@ import click
 from kvcast.daemon.logs import LOG_FORMATS
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.taxonomy import label_map
+from kvcast.stats.tiers import DEFAULT_TIER_MODE, TIER_MODES, Tier, check_tiers, parse_tier
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -324,3 +326,52 @@ def log_format_option(command: F) -> F:
         help="text: lines for people; json: one object per line (time, level, logger, "
         "message, pid, worker, exception).",
     )(command)
+
+
+class TierSpec(click.ParamType):
+    """``NAME=BLOCKS``, a tier below the GPU (``kvcast.stats.tiers.parse_tier``)."""
+
+    name = "NAME=BLOCKS"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, Tier):
+            return value
+        try:
+            return parse_tier(value)
+        except ValueError as exc:
+            self.fail(f"{exc}{_layer(ctx, param)}", param, ctx)
+
+
+def tier_options(command: F) -> F:
+    """``--tier NAME=BLOCKS`` (repeatable, in order below the GPU tier) and ``--tier-mode``;
+    :func:`pop_tiers` checks them together with ``--capacity-blocks``."""
+    command = click.option(
+        "--tier-mode",
+        type=click.Choice(TIER_MODES),
+        default=DEFAULT_TIER_MODE,
+        show_default=True,
+        envvar="KVCAST_TIER_MODE",
+        show_envvar=True,
+        help="exclusive: a block evicted from a tier moves to the next, a hit moves it back to "
+        "the GPU; inclusive: write-through, every tier keeps what the tiers above hold.",
+    )(command)
+    return click.option(
+        "--tier",
+        "tiers",
+        type=TierSpec(),
+        multiple=True,
+        envvar="KVCAST_TIER",
+        show_envvar=True,
+        help="A cache tier below the GPU tier (--capacity-blocks), e.g. host=200000 (blocks per "
+        "instance); repeat in order, top first: --tier host=200000 --tier disk=2000000.",
+    )(command)
+
+
+def pop_tiers(kwargs: dict[str, Any], capacity_blocks: float) -> tuple[tuple[Tier, ...], str]:
+    """Remove ``--tier`` and ``--tier-mode`` from ``kwargs``; UsageError naming the flag."""
+    tiers, mode = tuple(kwargs.pop("tiers") or ()), kwargs.pop("tier_mode")
+    try:
+        check_tiers(capacity_blocks, tiers, mode)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--tier'") from None
+    return tiers, mode

@@ -15,11 +15,20 @@ import click
 import orjson
 
 from kvcast.cli.delays import parse_delay_spec
-from kvcast.cli.options import Floats, Ints, block_size_option, pop_label_map, taxonomy_options
+from kvcast.cli.options import (
+    Floats,
+    Ints,
+    block_size_option,
+    pop_label_map,
+    pop_tiers,
+    taxonomy_options,
+    tier_options,
+)
 from kvcast.cli.replaying import replay_engine
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.delays import DelayDistribution
 from kvcast.stats.forecast import Forecast, forecast_from_moments, forecast_from_sample
+from kvcast.stats.tiers import GPU
 
 NON_NEGATIVE = Floats(min=0, finite=True)
 POSITIVE = Floats(min=0, min_open=True, finite=True)
@@ -88,6 +97,13 @@ def render(forecast: Forecast) -> str:
         rows.append(("observed hit ratio", _fmt(f.observed_hit_ratio)))
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    if len(f.tiers) > 1:
+        total = sum(t.hit_ratio or 0.0 for t in f.tiers)
+        known = all(t.hit_ratio is not None for t in f.tiers)
+        lines += ["", f"{'tier':<12} {'capacity_blocks':>16} {'hit_ratio':>10}  ({f.tier_mode})"]
+        for t in f.tiers:
+            lines.append(f"{t.name:<12} {t.capacity_blocks:>16g} {_fmt(t.hit_ratio):>10}")
+        lines.append(f"{'total':<12} {'':>16} {_fmt(total if known else None):>10}")
     if f.by_intent:
         lines += ["", f"{'intent':<34} {'share':>6} {'A_R':>8} {'hit':>7} {'upper':>7}"]
         for i in f.by_intent:
@@ -105,11 +121,21 @@ def render(forecast: Forecast) -> str:
     r = f.required_capacity
     if r is not None:
         lines.append("")
-        if r.blocks is None:
-            lines.append(f"capacity for hit ratio {r.target:g}: {r.status}")
+        what = (
+            f"capacity for hit ratio {r.target:g}"
+            if r.tier == GPU
+            else f"tier {r.tier} for total hit ratio {r.target:g}"
+        )
+        if r.status == "already_reached":
+            lines.append(f"{what}: 0 blocks (the tiers above already reach it)")
+        elif r.blocks is None:
+            reason = (
+                " (above the hit ratio of an unlimited cache)" if r.status == "unreachable" else ""
+            )
+            lines.append(f"{what}: {r.status}{reason}")
         else:
             size = "" if r.bytes is None else f" ({r.bytes / 2**30:.2f} GiB, {r.bytes} bytes)"
-            lines.append(f"capacity for hit ratio {r.target:g}: {r.blocks} blocks{size}")
+            lines.append(f"{what}: {r.blocks} blocks{size}")
     return "\n".join(lines)
 
 
@@ -197,9 +223,21 @@ _MOMENT_FLAGS = (
 )
 @click.option(
     "--target-hit-ratio",
+    "--target",
+    "target_hit_ratio",
     type=float,
     callback=_target,
-    help="Also print the capacity needed for this hit ratio (0 < x < 1).",
+    help="Also print the capacity needed for this hit ratio (0 < x < 1); with --tier-for, "
+    "the total hit ratio of the stack.",
+)
+@tier_options
+@click.option(
+    "--tier-for",
+    default=GPU,
+    show_default=True,
+    metavar="NAME",
+    help="The tier --target plans: its capacity for the total hit ratio, given the tiers above "
+    "it (gpu: the whole cache, the tiers below ignored).",
 )
 @click.option(
     "--kv-bytes-per-token",
@@ -231,11 +269,24 @@ def forecast(
     kv_bytes_per_token: float | None,
     from_replay: Path | None,
     as_json: bool,
+    tier_for: str,
     **taxonomy: Any,
 ) -> None:
     """Forecast the prefix-cache hit ratio from workload moments (mean-field LRU), or from the
-    statistics of a request log (--from-replay)."""
+    statistics of a request log (--from-replay); per tier with --tier."""
     ctx = click.get_current_context()
+    tiers, tier_mode = pop_tiers(taxonomy, capacity_blocks or 1.0)
+    names = [GPU, *(t.name for t in tiers)]
+    if tier_for not in names:
+        raise click.BadParameter(
+            f"{tier_for!r} is not a tier of the stack ({', '.join(names)}); give it with "
+            f"--tier {tier_for}=BLOCKS (the planner ignores its capacity)",
+            ctx,
+            param_hint="'--tier-for'",
+        )
+    if tier_for != GPU and target_hit_ratio is None:
+        raise click.UsageError("--tier-for needs --target (the total hit ratio to plan for)", ctx)
+    tiered: dict[str, Any] = dict(tiers=tiers, tier_mode=tier_mode, target_tier=tier_for)
     if from_replay is not None:
         if capacity_blocks is None:
             raise click.UsageError("missing --capacity-blocks", ctx)
@@ -250,6 +301,7 @@ def forecast(
             capacities=capacities,
             target=target_hit_ratio,
             kv_bytes_per_token=kv_bytes_per_token,
+            **tiered,
         )
         emit(result, as_json)
         return
@@ -290,6 +342,7 @@ def forecast(
             capacities=capacities,
             target=target_hit_ratio,
             kv_bytes_per_token=kv_bytes_per_token,
+            **tiered,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc), ctx) from None

@@ -12,11 +12,13 @@ from typing import Any
 import click
 import orjson
 
-from kvcast.cli.options import Floats, Ints, block_size_option
+from kvcast.cli.options import Floats, Ints, block_size_option, pop_tiers, tier_options
 from kvcast.lab.sim.measurement import check_fractions, coverage_warning, first_times
 from kvcast.lab.sim.registry import PolicyUnavailable, get_policy, simulate
+from kvcast.lab.sim.tiered_cache import TieredResult, measure_tiers, tiered_block_hits
 from kvcast.lab.sim.trace import SimTrace
 from kvcast.stats.events import EventRejected, parse_event
+from kvcast.stats.tiers import GPU, Tier
 
 _SHOWN_REJECTS = 20
 
@@ -199,6 +201,7 @@ def _tty_progress(done: int, total: int) -> None:
     show_default=True,
     help="iac/tbs size term: block (all equal) or request (blocks of the request).",
 )
+@tier_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def simulate_command(
     file: str,
@@ -215,14 +218,22 @@ def simulate_command(
     size: str,
     as_json: bool,
     horizon_s: float | None = None,
+    **tier_flags: Any,
 ) -> None:
     """Replay FILE.jsonl through a cache simulator and print the measured hit ratio
-    (reused input blocks / input blocks over whole measured conversations)."""
+    (reused input blocks / input blocks over whole measured conversations); with --tier, a
+    tiered LRU block cache and the blocks each tier serves."""
     try:
         get_policy(policy, granularity)
         check_fractions(warmup_fraction, cooldown_fraction)
     except (PolicyUnavailable, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
+    tiers, tier_mode = pop_tiers(tier_flags, capacity_blocks)
+    if tiers and (granularity != "block" or policy != "lru"):
+        raise click.UsageError(
+            f"--tier simulates a tiered LRU block cache: it needs --granularity block and "
+            f"--policy lru (got {policy}/{granularity})"
+        )
     start = time.perf_counter()
     trace, report = load_sim_trace(file, block_size)
     load_s = time.perf_counter() - start
@@ -234,6 +245,12 @@ def simulate_command(
         )
     if len(trace) == 0:
         raise click.ClickException(f"{file}: no valid events")
+    if tiers:
+        _simulate_tiers(
+            file, trace, report, capacity_blocks, tiers, tier_mode, block_size,
+            (warmup_fraction, cooldown_fraction), as_json, load_s,
+        )  # fmt: skip
+        return
     table = orjson.loads(Path(table_file).read_bytes()) if table_file else None
     options = policy_options(
         policy, granularity, learn_fraction, refresh_s, threshold_s, size, table, horizon_s
@@ -287,3 +304,62 @@ def simulate_command(
         f"{result.requests}; {report.rejected} rejected, {report.duplicates} duplicates; "
         f"simulated in {result.elapsed_s:.2f} s"
     )
+
+
+def _simulate_tiers(
+    file: str,
+    trace: SimTrace,
+    report: LoadReport,
+    capacity_blocks: int,
+    tiers: tuple[Tier, ...],
+    tier_mode: str,
+    block_size: int,
+    measured: tuple[float, float],
+    as_json: bool,
+    load_s: float,
+) -> None:
+    """Run the tiered cache (``kvcast.lab.sim.tiered_cache``) and print each tier's hits."""
+    names = [GPU, *(t.name for t in tiers)]
+    caps = [capacity_blocks, *(t.capacity_blocks for t in tiers)]
+    progress = _tty_progress if sys.stderr.isatty() else None
+    start = time.perf_counter()
+    served = tiered_block_hits(trace, caps, tier_mode, progress=progress)
+    result: TieredResult = measure_tiers(
+        trace, served, names, caps, tier_mode, *measured, elapsed_s=time.perf_counter() - start
+    )
+    warnings = measurement_warnings(trace, result.measured_conversations, *measured)
+    for warning in warnings:
+        click.echo(f"warning: {file}: {warning}", err=True)
+    if as_json:
+        out: dict[str, Any] = result.to_dict()
+        out.update(
+            file=file,
+            policy="lru",
+            granularity="block",
+            capacity_blocks=capacity_blocks,
+            block_size=block_size,
+            warmup_fraction=measured[0],
+            cooldown_fraction=measured[1],
+            block_hashes=trace.block_hashes is not None,
+            load_s=load_s,
+            events={
+                "processed": report.processed,
+                "rejected": report.rejected,
+                "duplicates": report.duplicates,
+            },
+            warnings=warnings,
+        )
+        sys.stdout.write(orjson.dumps(out).decode() + "\n")
+        return
+    click.echo(
+        f"hit_ratio {result.hit_ratio:.4f} ({result.hit_blocks}/{result.input_blocks} blocks) "
+        f"policy lru/block, {tier_mode} tiers; measured {result.measured_conversations} "
+        f"conversations, {result.measured_requests} requests of {result.requests}; "
+        f"{report.rejected} rejected, {report.duplicates} duplicates; simulated in "
+        f"{result.elapsed_s:.2f} s"
+    )
+    for t in result.tiers:
+        click.echo(
+            f"  tier {t.name}: {t.capacity_blocks} blocks, hit_ratio {t.hit_ratio:.4f} "
+            f"({t.hit_blocks} blocks served)"
+        )
