@@ -17,14 +17,14 @@ from kvcast.lab.bench.throughput import run_throughput
 from kvcast.lab.reports.validation import ValidationGrid, measure_speed, run_validation
 
 SUITES = (
-    "throughput", "solver", "client", "tap", "classifier", "policies", "validation", "daemon",
-    "engines", "shadow", "sharing",
+    "throughput", "replay", "solver", "client", "tap", "classifier", "policies", "validation",
+    "daemon", "engines", "shadow", "sharing",
 )  # fmt: skip
 # "classifier" loads the model, "policies" and "validation" take minutes, "daemon" needs a
 # broker and a Redis and "engines" the engines' venvs (scripts/engine_venv.sh), "shadow" runs
 # the exact block simulator over 10^6 requests at 17 capacities (minutes), "sharing" validates
 # the forecast with shared blocks against block-level LRU (minutes): ask for them by name.
-DEFAULT_SUITES = ("throughput", "solver", "client")
+DEFAULT_SUITES = ("throughput", "replay", "solver", "client")
 
 
 def _markdown(rows: list[tuple[str, str, str, str]]) -> str:
@@ -102,6 +102,12 @@ def bench(
         throughput = run_throughput(conversations=conversations)
         results["throughput"] = throughput.to_dict()
         rows += throughput.rows()
+    if "replay" in chosen:
+        from kvcast.lab.bench.replay_command import run_replay_command
+
+        replay = run_replay_command()
+        results["replay"] = replay.to_dict()
+        rows += replay.rows()
     if "solver" in chosen and "validation" not in chosen:
         speed = measure_speed()
         results["solver"] = {**dataclasses.asdict(speed), "ratio": speed.ratio}
