@@ -139,3 +139,52 @@ def test_missing_configuration_is_named_and_never_raises_into_the_router(caplog)
     callbacks.pre_request(request, b"{}", {"model": "m", "messages": []})
     callbacks.post_request(request, bytearray(b"{}"))  # no exception
     assert "KVCAST_SOURCE and KVCAST_HASH_KEY_FILE must be set" in caplog.text
+
+
+TOOLS = [{"type": "function", "function": {"name": "grep", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.parametrize("kafka_topic", [1], indirect=True)
+def test_router_traffic_of_agents_is_labelled_by_how_each_response_ended(
+    engine: str, kafka_bootstrap: str, kafka_topic: str, tmp_path: Path
+) -> None:
+    key = tmp_path / "hash.key"
+    key.write_text("k" * 32)
+    environ = {"KVCAST_SOURCE": f"kafka://{kafka_bootstrap}/{kafka_topic}",
+               "KVCAST_HASH_KEY_FILE": str(key)}  # fmt: skip
+    callbacks = KvcastRouterCallbacks(environ=environ)
+    asked = [("tool_calls", "agent_tool_call"), ("stop", "agent_stop"),
+             ("length", "agent_length"), ("content_filter", "agent_content_filter"),
+             ("abort", "agent_cut"), ("none", None)]  # fmt: skip
+    for stream in (False, True):
+        for finish, _ in asked:
+            body = {"model": "m", "tools": TOOLS, "standin_finish": finish, "stream": stream,
+                    "messages": [{"role": "user", "content": f"find {finish}"}]}  # fmt: skip
+            served(engine, callbacks, body, {"X-User-Id": "agent-7"})
+    tagged = {"model": "m", "tools": TOOLS, "standin_finish": "tool_calls",
+              "messages": [{"role": "user", "content": "tagged"}],
+              "vllm_xargs": {"kvcast_intent": "code_debugging"}}  # fmt: skip
+    served(engine, callbacks, tagged)
+    assert callbacks.recorder().close()["sent"] == 2 * len(asked) + 1
+    events = [
+        json.loads(p) for _, _, p in read_back(kafka_bootstrap, kafka_topic, 1, 2 * len(asked) + 1)
+    ]
+    assert [e.get("intent") for e in events] == [
+        *([label for _, label in asked] * 2),
+        "code_debugging",  # the request's own intent wins over the ending
+    ]
+
+
+def test_the_agent_intents_setting_is_read_and_a_bad_one_is_named(tmp_path: Path, caplog) -> None:
+    key = tmp_path / "hash.key"
+    key.write_text("k" * 32)
+    base = {"KVCAST_SOURCE": "kafka://127.0.0.1:1/t", "KVCAST_HASH_KEY_FILE": str(key)}
+    for mode in ("tools", "all", "off"):
+        producer = KvcastRouterCallbacks(environ={**base, "KVCAST_AGENT_INTENTS": mode}).recorder()
+        assert producer.builder.agent_intents == mode
+        producer.close(timeout_s=0.1)
+    callbacks = KvcastRouterCallbacks(environ={**base, "KVCAST_AGENT_INTENTS": "yes"})
+    request = starlette_request("/v1/chat/completions")
+    callbacks.pre_request(request, b"{}", {"model": "m", "messages": []})
+    callbacks.post_request(request, bytearray(b"{}"))  # no exception into the router
+    assert "KVCAST_AGENT_INTENTS='yes': expected one of tools, all, off" in caplog.text
