@@ -2,9 +2,10 @@
 
 The page fetches ``v1/forecast``, ``v1/table`` and ``v1/status`` (relative URLs, so it also
 works behind a path-prefixing proxy) every 5 s and draws the forecast beside the observed hit
-ratio, the capacity curve h(N) with the configured capacity marked, the priority table as a
-heatmap over (intent, turn), the last hour of forecast and observed hit ratio, and the
-operator's figures: events/s, consumer lag, rejections by reason, each component's state and
+ratio, the capacity curve h(N) with the configured capacity marked (and, for a forecast of
+more than one tier, each tier's band: the hit ratio it adds over the capacities it adds), the
+priority table as a heatmap over (intent, turn), the last hour of forecast and observed hit
+ratio, and the operator's figures: events/s, consumer lag, rejections by reason, each component's state and
 the forecast's age. Nothing is fetched from elsewhere; the Content-Security-Policy below
 forbids it, and the script writes data into the page only as text, never as markup.
 """

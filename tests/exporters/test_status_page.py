@@ -62,14 +62,18 @@ def operations() -> dict[str, Any]:
 
 
 class State:
-    def __init__(self, shadow: bool = False) -> None:
+    def __init__(self, shadow: bool = False, tiers: list[dict[str, Any]] | None = None,
+                 tier_mode: str = "exclusive") -> None:  # fmt: skip
         self.shadow = shadow
+        self.tiers, self.tier_mode = tiers, tier_mode
 
     def operations_document(self) -> dict[str, Any]:
         return operations()
 
     def forecast_document(self) -> dict[str, Any]:
         doc = forecast()
+        if self.tiers is not None:  # a tiered forecast (issue 34): tier_mode and tiers
+            doc.update(tier_mode=self.tier_mode, tiers=self.tiers)
         if self.shadow:  # the sampled LRU simulation's curve, a little below the forecast
             curve = [{"capacity_blocks": p["capacity_blocks"], "hit_ratio": p["hit_ratio"] - 0.02}
                      for p in doc["curve"]]  # fmt: skip
@@ -201,3 +205,70 @@ def test_chromium_draws_numbers_curve_and_heatmap(server: HttpServer, tmp_path: 
     assert count(MARKER) > 150  # the dashed capacity marker and its label
     for p, color in COLORS.items():
         assert count(color) > 1000, p  # 32 heatmap cells of each colour
+
+
+GPU_RATIO = forecast()["hit_ratio"]
+
+
+def tiered_page(
+    tmp_path: Path, tiers: list[dict[str, Any]], mode: str = "exclusive"
+) -> tuple[str, Elements]:
+    server = HttpServer("127.0.0.1", 0, State(tiers=tiers, tier_mode=mode), CollectorRegistry())
+    server.start()
+    try:
+        texts = chromium(server.url + "/", tmp_path, "--dump-dom").stdout
+    finally:
+        server.close()
+    dom = Elements()
+    dom.feed(texts)
+    return texts, dom
+
+
+def bands(dom: Elements) -> list[dict[str, str | None]]:
+    return [
+        attrs for tag, attrs in dom.found if tag == "rect" and attrs.get("class") == "tier-band"
+    ]
+
+
+def curve_x(dom: Elements, capacity: float) -> float:
+    """Where the page puts ``capacity`` on its axis: the curve point drawn there."""
+    points = [attrs for tag, attrs in dom.found if tag == "circle"
+              and attrs.get("class") == "curve-point"]  # fmt: skip
+    capacities = [p["capacity_blocks"] for p in forecast()["curve"]]
+    return float(points[capacities.index(capacity)]["cx"])
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("mode", "host_blocks"), [("exclusive", 3 * CAPACITY),
+                                                    ("inclusive", 4 * CAPACITY)])  # fmt: skip
+def test_chromium_draws_a_band_for_each_of_two_tiers(
+    tmp_path: Path, mode: str, host_blocks: int
+) -> None:
+    """GPU and host: two bands stacked, the host's over the capacities it adds (exclusive: its
+    blocks after the GPU's; inclusive: up to its own, which hold the GPU's too)."""
+    tiers = [{"name": "gpu", "capacity_blocks": CAPACITY, "hit_ratio": GPU_RATIO},
+             {"name": "host", "capacity_blocks": host_blocks, "hit_ratio": 0.12}]  # fmt: skip
+    texts, dom = tiered_page(tmp_path, tiers, mode)
+    gpu, host = bands(dom)
+    assert (gpu["data-tier"], host["data-tier"]) == ("gpu", "host")
+    # Stacked: the host band starts at the hit ratio where the GPU band ends.
+    assert float(host["y"]) + float(host["height"]) == pytest.approx(float(gpu["y"]), abs=0.15)
+    # The GPU band from the axis to its capacity; the host's from there to 4 N in both modes.
+    marker = float(dom.by_id("capacity-marker")["x1"])
+    assert float(gpu["x"]) + float(gpu["width"]) == pytest.approx(marker, abs=0.15)
+    assert float(host["x"]) == pytest.approx(marker, abs=0.15)
+    end = curve_x(dom, 4 * CAPACITY)
+    assert float(host["x"]) + float(host["width"]) == pytest.approx(end, abs=0.15)
+    assert float(host["height"]) == pytest.approx(float(gpu["height"]) * 0.12 / GPU_RATIO, 0.02)
+    assert ">tier host 12.0%<" in texts and f"({mode} tiers, 41.2% together)" in texts
+    assert f">12.0% of the input, {host_blocks:,} blocks<" in texts
+
+
+@pytest.mark.integration
+def test_chromium_draws_no_band_for_a_forecast_of_one_tier(tmp_path: Path) -> None:
+    tiers = [{"name": "gpu", "capacity_blocks": CAPACITY, "hit_ratio": GPU_RATIO}]
+    texts, dom = tiered_page(tmp_path, tiers)
+    assert dom.by_id("curve-line")  # the page drew the curve ...
+    assert bands(dom) == []  # ... and no band
+    assert '<div class="legend" id="tier-legend"></div>' in texts  # no tier in the legend
+    assert ">tier gpu" not in texts  # nor in the workload figures
