@@ -88,7 +88,10 @@ _DESCRIPTIONS = {
     "output_tokens": "Tokens generated for the request.",
     "request_id": "Identifies a request across retries (duplicates count once); default "
     "session_id + U+001F + turn.",
-    "intent": "The producer's intent label; outside the configured taxonomy it counts as unknown.",
+    "intent": "The producer's intent label (an event with one skips the classifier); outside "
+    "the configured taxonomy it counts as unknown. kvcast's producers label an agent's request "
+    "by how its response ended: agent_tool_call, agent_stop, agent_length, "
+    "agent_content_filter, agent_cut (docs/events.md).",
     "cached_tokens": "Prompt tokens the engine served from its prefix cache "
     "(usage.prompt_tokens_details.cached_tokens).",
     "prompt": "User text, for the classifier only; never stored, logged or exported.",
