@@ -104,6 +104,12 @@ def generate_command(
     if duration_s is None and conversations is None:
         duration_s = 3600.0
     model = preset(preset_name)
+    if model.agent is not None:
+        given = click.get_current_context().get_parameter_source("block_size")
+        if given is click.core.ParameterSource.DEFAULT:
+            # The agent model's sizes are tokens: its own block size (1,024) unless asked,
+            # 16-token blocks would give ~7,000 ids per request.
+            block_size = model.agent.block_size
     trace = generate(
         model,
         lambda0=lambda0,
@@ -126,8 +132,6 @@ def generate_command(
     first = float(trace.timestamp[0]) if len(trace) else start_time
     last = float(trace.timestamp[-1]) if len(trace) else start_time
     per_intent = Counter(trace.intent_names[i] for i in trace.intent[trace.turn == 1].tolist())
-    truth = ground_truth(model)
-    a_r = sum(t.share * t.A_R for t in truth.values())
     summary: dict[str, Any] = {
         "out": out,
         "preset": preset_name,
@@ -141,11 +145,21 @@ def generate_command(
         "last_timestamp": last,
         "span_s": last - first,
         "intents": dict(sorted(per_intent.items())),
-        "upper_bound_model": sum(t.share * t.A_H_hash for t in truth.values()) / a_r,
     }
-    if model.sharing is not None:
+    if model.agent is not None:
+        # An intent per request (its response's ending); no closed-form bound.
+        every = Counter(trace.intent_names[i] for i in trace.intent.tolist())
+        summary["request_intents"] = dict(sorted(every.items()))
+        summary["compactions"] = trace.meta.get("compactions", 0)
+        if trace.lineage is not None:
+            summary["subagents"] = int((trace.lineage.parent >= 0).sum())
+    else:
+        truth = ground_truth(model)
+        a_r = sum(t.share * t.A_R for t in truth.values())
+        summary["upper_bound_model"] = sum(t.share * t.A_H_hash for t in truth.values()) / a_r
+    if model.sharing is not None or model.agent is not None:
         # The model bound ignores sharing; the trace's own bound counts it (unbounded cache).
-        del summary["upper_bound_model"]
+        summary.pop("upper_bound_model", None)
         if trace.block_ids is not None:
             summary["upper_bound_trace"] = unbounded_hit_ratio(trace)
     if trace.cached_tokens is not None:
@@ -159,5 +173,5 @@ def generate_command(
         stream.write(
             f"wrote {len(trace)} events of {trace.conversations} conversations spanning "
             f"{last - first:.1f} s to {out} (preset {preset_name}, lambda {lambda0:g}/s, "
-            f"seed {seed})\n"
+            f"seed {seed}, {block_size}-token blocks)\n"
         )

@@ -131,17 +131,21 @@ class BlockIds:
 
     ``chain`` holds each conversation's chain of full-block ids (63-bit), conversation ``c``'s at
     ``chain[start[c]:]``; request ``r`` (trace order) of ``R_r`` blocks is
-    ``chain[start[conv_r]:start[conv_r] + R_r - 1]`` followed by ``tail[r]``.
+    ``chain[start[conv_r]:start[conv_r] + R_r - 1]`` followed by ``tail[r]``. Where a
+    conversation's content restarts (an agent's compacted context), its requests lie on several
+    chains: ``request_chain[r]`` then indexes ``start`` instead of the conversation.
     """
 
     chain: NDArray[np.int64]
     start: NDArray[np.int64]
     tail: NDArray[np.int64]
+    request_chain: NDArray[np.int64] | None = None
 
     def lists(self, conversation: NDArray[np.int64], blocks: NDArray[np.int64]) -> list[list[int]]:
         """Every request's ids in trace order (``conversation``/``blocks`` per request)."""
         chain, tail = self.chain.tolist(), self.tail.tolist()
-        starts = self.start[conversation].tolist()
+        owner = conversation if self.request_chain is None else self.request_chain
+        starts = self.start[owner].tolist()
         out = []
         for s, r, t in zip(starts, blocks.tolist(), tail, strict=True):
             ids = chain[s : s + r - 1]

@@ -39,6 +39,7 @@ from kvcast.lab.workload.prompts import prompt_text
 
 if TYPE_CHECKING:
     from kvcast.lab.sim.trace import SimTrace
+    from kvcast.lab.workload.agent import AgentModel
     from kvcast.stats.delays import DelayDistribution
 
 _LOGNORMAL = 1  # delay kind code in the sampling tables (0: exponential)
@@ -231,11 +232,14 @@ class Sharing:
 @dataclass(frozen=True)
 class WorkloadModel:
     """A mix of intents: ``weights[k]`` is the share of conversations of ``intents[k]``;
-    ``sharing`` adds shared prefixes and branches (see the module doc)."""
+    ``sharing`` adds shared prefixes and branches (see the module doc). ``agent``: the
+    conversations are coding agents' instead (``kvcast.lab.workload.agent``; the intents then
+    only name its responses' endings, and ``sharing`` is unused)."""
 
     intents: tuple[IntentModel, ...]
     weights: tuple[float, ...]
     sharing: Sharing | None = None
+    agent: AgentModel | None = None
 
     def __post_init__(self) -> None:
         if not self.intents or len(self.intents) != len(self.weights):
@@ -290,6 +294,8 @@ class IntentTruth:
 
 def ground_truth(model: WorkloadModel) -> dict[str, IntentTruth]:
     """Exact per-intent, per-turn parameters of ``model`` (no sampling)."""
+    if model.agent is not None:
+        raise ValueError("an agent model has no per-intent ground truth: measure its trace")
     out: dict[str, IntentTruth] = {}
     for m, share in zip(model.intents, model.shares, strict=True):
         p = m.continuation()
@@ -561,7 +567,7 @@ def generate(
     duration_s: float | None = None,
     conversations: int | None = None,
     seed: int = 0,
-    block_size: int = 16,
+    block_size: int | None = None,
     prompts: bool = False,
     cached_capacity_blocks: int | None = None,
     start_time: float = 0.0,
@@ -576,7 +582,13 @@ def generate(
 
     With ``model.sharing``, ``lambda0``/``conversations`` count the root conversations; branches
     come on top. ``block_hashes`` (None: when the model shares) adds the events' block ids;
-    without them a consumer sees every conversation's content as its own."""
+    without them a consumer sees every conversation's content as its own.
+
+    ``block_size`` (tokens; None: 16, or an agent model's own, 1024). An agent model
+    (``model.agent``) draws its conversations from ``kvcast.lab.workload.agent``; its
+    ``cached_tokens`` are block-level LRU's hits (its compactions are no growing chain)."""
+    if block_size is None:
+        block_size = model.agent.block_size if model.agent is not None else 16
     if not lambda0 > 0 or block_size < 1:
         raise ValueError("lambda0 must be > 0 and block_size >= 1")
     if (duration_s is None) == (conversations is None):
@@ -590,6 +602,21 @@ def generate(
         arrival = np.cumsum(rng.exponential(1.0 / lambda0, n))
         arrival -= arrival[0] if n else 0.0
     arrival += start_time
+    if model.agent is not None:
+        from kvcast.lab.workload.agent import generate_agent
+
+        trace = generate_agent(
+            model.agent,
+            rng,
+            arrival,
+            seed=seed,
+            block_size=block_size,
+            prompts=prompts,
+            session_prefix=session_prefix,
+            block_hashes=True if block_hashes is None else block_hashes,
+            meta={"lambda0": lambda0, "seed": seed, "duration_s": duration_s},
+        )
+        return _with_cached(trace, cached_capacity_blocks, block_level=True)
     kinds = len(model.intents)
     intent = rng.choice(kinds, size=n, p=model.shares) if kinds > 1 else np.zeros(n, np.int64)
     tab = _Tables.of(model)
@@ -675,12 +702,24 @@ def generate(
         block_ids=ids,
         lineage=None if sharing is None else Lineage(prefix, parent, parent_turn, base),
     )
-    if cached_capacity_blocks is None:
-        return trace
-    from kvcast.lab.sim.lru import lru_conversation_hits
+    return _with_cached(trace, cached_capacity_blocks, block_level=False)
 
-    hits = lru_conversation_hits(trace.conversation, trace.blocks, cached_capacity_blocks)
-    cached = np.minimum(hits * block_size, trace.input_tokens)
+
+def _with_cached(trace: Trace, capacity_blocks: int | None, *, block_level: bool) -> Trace:
+    """``trace`` with ``cached_tokens`` = LRU's hit blocks at ``capacity_blocks`` times the
+    block size, capped at ``input_tokens``: Algorithm 1, or block-level LRU on the trace's
+    block ids (``block_level``)."""
+    if capacity_blocks is None:
+        return trace
+    if block_level:
+        from kvcast.lab.sim.block_policies import lru_block
+
+        hits = lru_block(trace.sim_trace(), capacity_blocks)
+    else:
+        from kvcast.lab.sim.lru import lru_conversation_hits
+
+        hits = lru_conversation_hits(trace.conversation, trace.blocks, capacity_blocks)
+    cached = np.minimum(hits * trace.block_size, trace.input_tokens)
     return Trace(**{**trace.__dict__, "cached_tokens": cached})
 
 

@@ -18,13 +18,24 @@ intents; ``lambda0`` counts root conversations, branches come on top):
   their turns, each arriving exp(10 s) after it and starting with that turn's input.
 - ``production``: all three: ``tools``' prefixes for 70% of conversations, one of two plain
   system prompts (8 and 4 blocks, 0.2 and 0.1) for the rest, and 15% of conversations branching.
+
+Coding agents (``kvcast.lab.workload.agent``; sizes in tokens, 1,024-token blocks by default):
+
+- ``agent``: conversations of a median 45 requests whose context grows about 6% a turn from a
+  shared 15,000-token system-plus-tools prefix (compacted at a 400,000-token window), each
+  request's event labelled with how its response ended (``agent_tool_call``, ``agent_stop``,
+  ``agent_length``), which sets the wait before the next; 1 conversation in 40 spawns 3-4
+  sub-agents from one of its requests. Every parameter and its source: :func:`agent` and
+  docs/workloads.md.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 
+from kvcast.lab.workload.agent import AgentModel, Ending, LogNormalSize, TurnLaw
 from kvcast.lab.workload.generator import (
     Branching,
     Delay,
@@ -128,6 +139,71 @@ def production() -> WorkloadModel:
     return replace(mixed(), sharing=sharing)
 
 
+AGENT_INTENTS = ("agent_tool_call", "agent_stop", "agent_length")
+"""The ``agent`` preset's intents: how each request's response ended (a tool call, the end of
+the turn, the length limit or anything else), the label a producer derives from OpenAI's
+``finish_reason`` (``tool_calls``, ``stop``, ``length``)."""
+
+
+def agent_model() -> AgentModel:
+    """The ``agent`` preset's parameters (tokens, seconds), fitted to real coding-agent
+    sessions' own figures (issue 33; docs/workloads.md has the table and the fit).
+
+    - Requests per root conversation: quartiles 19, 45, 101 (the sessions'), log-linear
+      between, a Pareto tail of index 2 above P75 (mean 74 requests; P(M > 1,178) = 0.2%,
+      about the sessions' maximum of 1,178 among ~600 conversations), capped at 1,178.
+    - Context: a 15,000-token system-plus-tools prefix shared by every conversation; a first
+      message of a median 20,000 tokens (sigma 0.7: the task, the repository's instructions and
+      the first files read); each turn adds ``g`` of the context, ``g`` log-normal of median
+      0.058, sigma 0.4 (so a request's share in the next, ``1 / (1 + g)``, has quartiles 0.93
+      and 0.96, the sessions' 93-96%); past a 400,000-token window the context is compacted to
+      the prefix plus a summary of a median 25,000 tokens (sigma 0.5). With these the requests'
+      input tokens have P10/P50/P90 of about 42 K / 110 K / 300 K (the sessions' 43 K, 110 K,
+      300 K), fitted by generating.
+    - Endings: a tool call 85%, the end of the turn 6%, the rest (length limit and others) 9%
+      (the sessions'). The next request follows the response after 4.4 s (the response's own
+      time) plus a log-normal wait: after a tool call a median 3.9 s (sigma 1.64: tools run for
+      seconds, builds and tests for minutes), after the end of the turn a median 600 s (sigma
+      1.5: a person reads and answers), after the rest a median 256 s (sigma 1.5). The mix was
+      solved to give the sessions' think-time quartiles 6 s, 10 s, 30 s and mean ~199 s; its
+      maximum over ~40,000 waits is about a day (the sessions': 22 h). Output tokens: geometric
+      of mean 150 (tool call), 500 (end of turn), 2,000 (length).
+    - Sub-agents: 1 root in 40 spawns 3 or 4 (equally likely) from a uniformly chosen request
+      ``k``, 4.4 s + exp(2 s) after it; each starts with request ``k``'s input (less its partly
+      filled last block) plus a task message of a median 1,500 tokens (sigma 0.8) and runs
+      quartiles 4, 8, 16 requests (tail index 2, cap 200: an assumption, the sessions give no
+      figure for sub-agents' lengths).
+    """
+    return AgentModel(
+        turns=TurnLaw(((0.25, 19.0), (0.5, 45.0), (0.75, 101.0)), tail_alpha=2.0, max_turns=1178),
+        endings=(
+            Ending("agent_tool_call", 0.85, Delay.lognormal(math.log(3.9), 1.64), 150.0),
+            Ending("agent_stop", 0.06, Delay.lognormal(math.log(600.0), 1.5), 500.0),
+            Ending("agent_length", 0.09, Delay.lognormal(math.log(256.0), 1.5), 2000.0),
+        ),
+        response_s=4.4,
+        prefix_tokens=15_000,
+        first_message=LogNormalSize(20_000.0, 0.7),
+        growth=LogNormalSize(0.058, 0.4),
+        windows=((400_000, 1.0),),
+        summary=LogNormalSize(25_000.0, 0.5),
+        subagent_share=1 / 40,
+        subagent_counts=(3, 4),
+        subagent_delay=Delay.exp(2.0),
+        subagent_task=LogNormalSize(1_500.0, 0.8),
+        subagent_turns=TurnLaw(
+            ((0.25, 4.0), (0.5, 8.0), (0.75, 16.0)), tail_alpha=2.0, max_turns=200
+        ),
+    )
+
+
+def agent() -> WorkloadModel:
+    """Coding-agent traffic (see :func:`agent_model`): the intents name the endings."""
+    am = agent_model()
+    intents = tuple(IntentModel(e.intent) for e in am.endings)
+    return WorkloadModel(intents, tuple(e.share for e in am.endings), agent=am)
+
+
 PRESETS: dict[str, Callable[[], WorkloadModel]] = {
     "single": single,
     "mixed": mixed,
@@ -136,10 +212,16 @@ PRESETS: dict[str, Callable[[], WorkloadModel]] = {
     "tools": tools,
     "agentic": agentic,
     "production": production,
+    "agent": agent,
 }
 
 SHARING_PRESETS = ("shared_system", "tools", "agentic", "production")
-"""Presets whose events carry ``block_hashes`` (cross-conversation sharing)."""
+"""Presets whose events carry ``block_hashes`` (cross-conversation sharing) on 16-token blocks
+(``agent``'s carry them too, on 1,024-token blocks: see :data:`AGENT_PRESETS`)."""
+
+AGENT_PRESETS = ("agent",)
+"""Presets of coding-agent traffic (``kvcast.lab.workload.agent``): ``block_hashes`` on
+1,024-token blocks, an intent per request."""
 
 
 def preset(name: str) -> WorkloadModel:

@@ -56,6 +56,17 @@ _TOPICS: dict[str, tuple[str, ...]] = {
         "blockchain",
     ),
 }
+_AGENT_TASKS: tuple[str, ...] = (
+    "Fix the failing test in {x} and run the suite again.",
+    "Add a command-line flag to {x}, with tests and docs.",
+    "Find why {x} is slow and make it faster without changing its output.",
+)
+_AGENT_TOPICS: tuple[str, ...] = ("the parser module", "the HTTP client", "the cache layer")
+_AGENT_FOLLOW: tuple[str, ...] = (
+    "[tool result] {x}: 3 files changed, tests pass.",
+    "[tool result] {x}: 1 test failed, see the traceback above.",
+    "Looks good. Now do the same for {x}.",
+)
 _FOLLOW: tuple[str, ...] = (
     "Thanks. Can you go into more detail about {x}?",
     "That helps. Now change it a bit for {x}.",
@@ -65,6 +76,10 @@ _FOLLOW: tuple[str, ...] = (
 
 def prompt_text(intent: str, turn: int, choice: int) -> str:
     """A short deterministic user message for ``intent`` at ``turn``; ``choice`` picks variants."""
+    if intent.startswith("agent_"):  # a coding agent's task, then tool results
+        x = _AGENT_TOPICS[(choice >> 8) % len(_AGENT_TOPICS)]
+        texts = _AGENT_TASKS if turn == 1 else _AGENT_FOLLOW
+        return texts[choice % len(texts)].format(x=x)
     topics = _TOPICS.get(intent, ("this",))
     x = topics[(choice >> 8) % len(topics)]
     if turn == 1:

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvcast.lab.workload.generator import generate
-from kvcast.lab.workload.presets import PRESETS, SHARING_PRESETS, preset
+from kvcast.lab.workload.presets import AGENT_PRESETS, PRESETS, SHARING_PRESETS, preset
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.engine import StatsEngine
 from kvcast.stats.labeller import IntentLabeller
@@ -149,7 +149,8 @@ def assert_same(
 def test_every_generator_preset_gives_the_python_engines_statistics(name: str) -> None:
     trace = generate(preset(name), lambda0=2.0, conversations=1500, seed=11)
     # Events with block_hashes go to the Python engine unless the shared-prefix index is off.
-    config = StatsConfig(shared_index_blocks=0) if name in SHARING_PRESETS else StatsConfig()
+    hashed = name in SHARING_PRESETS + AGENT_PRESETS
+    config = StatsConfig(shared_index_blocks=0) if hashed else StatsConfig()
     got = assert_same(list(trace.jsonl_lines()), config, batch=777)
     assert got.counters.processed > 0 and got.window.buckets
 
