@@ -111,3 +111,34 @@ def test_panels_have_unique_ids_and_use_the_datasource_variable() -> None:
         assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
         for target in panel["targets"]:
             assert target["datasource"]["uid"] == "${datasource}", panel["title"]
+
+
+def test_a_panel_sets_each_tiers_forecast_beside_what_the_engines_report_of_it() -> None:
+    """Issue 34: per cache tier, the tiered forecast and the engines' observed share, by tier on
+    one panel (the same labels the per-tier divergence alert joins on)."""
+    tiered = [
+        panel
+        for panel in dashboard()["panels"]
+        if any("kvcast_hit_ratio_forecast_tier" in t["expr"] for t in panel["targets"])
+    ]
+    assert len(tiered) == 1, "one panel with the per-tier forecast"
+    (panel,) = tiered
+    by_legend = {t["legendFormat"]: " ".join(t["expr"].split()) for t in panel["targets"]}
+    assert "by (tier) (kvcast_hit_ratio_forecast_tier{" in by_legend["forecast {{tier}}"]
+    assert "by (tier) (kvcast_engine_hit_ratio_tier{" in by_legend["observed {{tier}}"]
+    assert panel["fieldConfig"]["defaults"]["unit"] == "percentunit"
+    # The engines' own counters, for a Prometheus that scrapes them directly.
+    text = " ".join(by_legend.values())
+    assert "rate(sglang:cached_tokens_total{" in text
+    assert "rate(vllm:prompt_tokens_cached_by_source_total{" in text
+
+
+def test_panels_do_not_overlap() -> None:
+    cells: dict[tuple[int, int], str] = {}
+    for panel in dashboard()["panels"]:
+        pos = panel["gridPos"]
+        assert pos["x"] + pos["w"] <= 24, panel["title"]
+        for x in range(pos["x"], pos["x"] + pos["w"]):
+            for y in range(pos["y"], pos["y"] + pos["h"]):
+                assert (x, y) not in cells, f"{panel['title']} overlaps {cells[(x, y)]}"
+                cells[(x, y)] = panel["title"]
