@@ -16,7 +16,9 @@ from pathlib import Path
 
 import openai
 import pytest
+from click.testing import CliRunner
 
+from kvcast.cli.main import cli
 from kvcast.lab.bench.openai_standin import STANDIN_FINISH
 from kvcast.lab.bench.processes import DaemonProcess
 from kvcast.producer import EventBuilder, KafkaEventProducer
@@ -200,3 +202,14 @@ def wait_for_table(daemon: DaemonProcess, conversations: int) -> dict:
             pass
         time.sleep(0.2)
     raise AssertionError(f"table {table}\n{daemon.text()}")
+
+
+def test_a_bad_agent_intents_flag_is_a_usage_error_naming_it(tmp_path: Path) -> None:
+    key = tmp_path / "hash.key"
+    key.write_text("k" * 32)
+    result = CliRunner().invoke(cli, ["tap", "--upstream", "http://127.0.0.1:1", "--source",
+                                      "kafka://127.0.0.1:1/t", "--hash-key-file", str(key),
+                                      "--agent-intents", "yes"])  # fmt: skip
+    assert result.exit_code == 2
+    assert "'--agent-intents'" in result.output and "'yes' is not one of" in result.output
+    assert "Traceback" not in result.output
