@@ -49,6 +49,7 @@ class Published:
         self._extra_metrics = tuple(extra_metrics)
         self._lock = threading.Lock()
         self._forecast: dict[str, Any] | None = None
+        self._planner: Callable[[float, str], dict[str, Any]] | None = None
         self._table: dict[str, Any] | None = None
         self.table_published_at = -math.inf  # clock time of the last table publication
         self._components: dict[str, str] = {"store": "not checked yet"}
@@ -69,9 +70,12 @@ class Published:
         table: dict[str, Any] | None,
         counters: dict[str, Any],
         seconds: float,
+        planner: Callable[[float, str], dict[str, Any]] | None = None,
     ) -> None:
-        """A refresh's results; ``table`` None when the published table did not change."""
+        """A refresh's results; ``table`` None when the published table did not change;
+        ``planner`` answers ``/v1/forecast?target=X&tier=T`` on the same sample."""
         with self._lock:
+            self._planner = planner
             if self._shadow is not None:  # beside the forecast, with its error against it
                 forecast = {**forecast, "shadow": with_forecast_error(self._shadow, forecast)}
             self._forecast = forecast
@@ -124,6 +128,14 @@ class Published:
     def table_document(self) -> dict[str, Any] | None:
         with self._lock:
             return self._table
+
+    def plan_capacity(self, target: float, tier: str) -> dict[str, Any] | None:
+        """The ``required_capacity`` of ``tier`` for total hit ratio ``target`` (the tiers as
+        configured, on the latest forecast's sample); None before the first forecast.
+        ValueError when ``tier`` is not one of the stack's."""
+        with self._lock:
+            planner = self._planner
+        return None if planner is None else planner(target, tier)
 
     def readiness(self) -> tuple[bool, dict[str, str]]:
         source_ok, source_detail = self._source_health()

@@ -111,6 +111,7 @@ class Publisher:
             table if publish else None,
             state.counters.to_dict(),
             time.perf_counter() - started,
+            planner=result.planner,
         )
 
     def _report_emptied(

@@ -6,9 +6,11 @@ the refresher thread (``kvcast.daemon.publisher``) does the reading, publishing 
 
 from __future__ import annotations
 
+import functools
 import math
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvcast.daemon.settings import DaemonSettings
@@ -16,9 +18,15 @@ from kvcast.daemon.stores import WindowState
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.forecast import forecast_from_sample
 from kvcast.stats.priority import table_content_changed, table_document
+from kvcast.stats.sample import WorkloadSample
 from kvcast.stats.snapshot import Snapshot, take_snapshot
 
 CURVE_POINTS = 17  # capacities from N/16 to 16N, geometric, N in the middle
+PLANS_CACHED = 64  # planner answers kept per refresh (by target and tier)
+
+Planner = Callable[[float, str], dict[str, Any]]
+"""``plan(target, tier)``: the ``required_capacity`` document of ``tier`` for the stack's total
+hit ratio ``target`` (``kvcast.stats.tiers.plan_tier``); ValueError for a tier not configured."""
 
 
 def capacity_grid(capacity_blocks: int) -> list[float]:
@@ -35,10 +43,33 @@ class Refresh:
     forecast: dict[str, Any]
     table: dict[str, Any]
     snapshot: Snapshot
+    planner: Planner | None = field(default=None, compare=False)
+
+
+def make_planner(sample: WorkloadSample, settings: DaemonSettings) -> Planner:
+    """The planner over one refresh's sample (the same model as its forecast); answers cached."""
+
+    @functools.lru_cache(maxsize=PLANS_CACHED)
+    def plan(target: float, tier: str) -> dict[str, Any]:
+        forecast = forecast_from_sample(
+            sample,
+            settings.capacity_blocks,
+            settings.stats.block_size,
+            settings.instances,
+            target=target,
+            kv_bytes_per_token=settings.kv_bytes_per_token,
+            tiers=settings.tiers,
+            tier_mode=settings.tier_mode,
+            target_tier=tier,
+        )
+        return forecast.to_dict()["required_capacity"]
+
+    return plan
 
 
 def compute_refresh(state: WindowState, settings: DaemonSettings, table_version: int) -> Refresh:
-    """The forecast (with its capacity curve and the capacity per target) and the table."""
+    """The forecast (with its capacity curve, its tiers and the capacity per target), the
+    planner over the same sample, and the table."""
     config = settings.stats
     now = state.newest_event_time if math.isfinite(state.newest_event_time) else None
     # The store cut each partition's buckets at that partition's own age limit.
@@ -50,7 +81,11 @@ def compute_refresh(state: WindowState, settings: DaemonSettings, table_version:
         "kv_bytes_per_token": settings.kv_bytes_per_token,
     }
     forecast = forecast_from_sample(
-        snapshot.sample, capacities=capacity_grid(settings.capacity_blocks), **common
+        snapshot.sample,
+        capacities=capacity_grid(settings.capacity_blocks),
+        tiers=settings.tiers,
+        tier_mode=settings.tier_mode,
+        **common,
     ).to_dict()
     forecast["required_capacity_by_target"] = [
         forecast_from_sample(snapshot.sample, target=target, **common).to_dict()[
@@ -66,7 +101,7 @@ def compute_refresh(state: WindowState, settings: DaemonSettings, table_version:
     table = table_document(
         snapshot, config, table_version, characteristic_time_s=t_c, instances=settings.instances
     )
-    return Refresh(forecast, table, snapshot)
+    return Refresh(forecast, table, snapshot, make_planner(snapshot.sample, settings))
 
 
 def emptied(previous: dict[str, Any] | None, table: dict[str, Any]) -> bool:

@@ -16,6 +16,7 @@ from kvcast.stats.config import StatsConfig
 from kvcast.stats.shadow import DEFAULT_SAMPLING
 from kvcast.stats.store_url import SCHEMES, StoreURLError, parse, redact
 from kvcast.stats.taxonomy import label_map
+from kvcast.stats.tiers import DEFAULT_TIER_MODE, Tier, check_tiers
 
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 STORE_SCHEMES = SCHEMES  # the grammar's (kvcast.stats.store_url)
@@ -41,6 +42,10 @@ class DaemonSettings:
     # process decodes ~20,000 events/s in kafka-python; see daemon/workers.py.
     workers: int = 1
     capacity_blocks: int = 2275
+    # Cache tiers below the GPU tier (capacity_blocks), top first, blocks per instance, and how
+    # they hold blocks: exclusive or inclusive (kvcast.stats.tiers; --tier, --tier-mode).
+    tiers: tuple[Tier, ...] = ()
+    tier_mode: str = DEFAULT_TIER_MODE
     instances: int = 1
     kv_bytes_per_token: int | None = None
     target_hit_ratios: tuple[float, ...] = (0.5, 0.7)
@@ -171,6 +176,10 @@ class DaemonSettings:
                 label_map(self.taxonomy, self.extra_intents)
             except ValueError as exc:
                 problems.append(str(exc))
+        try:
+            check_tiers(self.capacity_blocks, self.tiers, self.tier_mode)
+        except ValueError as exc:
+            problems.append(f"tiers: {exc}")
         for target in self.target_hit_ratios:
             if not 0 < target < 1:
                 problems.append(f"target hit ratio {target} must be within (0, 1)")

@@ -6,8 +6,10 @@ Every body is JSON except ``/metrics``, and no page echoes the request's path, b
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
 from http import HTTPStatus
+from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
 
 import orjson
@@ -39,12 +41,17 @@ class PublishedState(Protocol):
     def operations_document(self) -> dict[str, Any]:
         """Throughput, lag, rejections by reason, components, forecast age and history."""
 
+    def plan_capacity(self, target: float, tier: str) -> dict[str, Any] | None:
+        """``required_capacity`` of ``tier`` for the total hit ratio ``target``; None before
+        the first forecast; ValueError for a tier that is not configured."""
+
 
 class Request(NamedTuple):
     state: PublishedState
     registry: CollectorRegistry
     headers: Any  # anything with .get(name) -> str | None (http.client.HTTPMessage)
     pretty: bool = False
+    query: Mapping[str, list[str]] = MappingProxyType({})  # parse_qs of the query string
 
 
 class Response(NamedTuple):
@@ -75,10 +82,49 @@ def readyz(req: Request) -> Response:
 
 
 def forecast(req: Request) -> Response:
+    """The forecast; ``?target=X[&tier=T]``: with ``required_capacity`` planned for tier T
+    (default gpu) to reach the total hit ratio X. A bad parameter: 400 naming it (the value
+    is not echoed)."""
+    plan_for = _plan_query(req.query)
+    if isinstance(plan_for, Response):
+        return plan_for
     doc = req.state.forecast_document()
     if doc is None:
         return json_response(HTTPStatus.SERVICE_UNAVAILABLE, {"status": "warming_up"}, req.pretty)
-    return json_response(HTTPStatus.OK, doc, req.pretty)
+    if plan_for is None:
+        return json_response(HTTPStatus.OK, doc, req.pretty)
+    target, tier = plan_for
+    names = [t.get("name") for t in doc.get("tiers") or []] or ["gpu"]
+    planner = getattr(req.state, "plan_capacity", None)
+    if tier not in names:
+        return _bad_parameter("tier", f"tier must be one of the stack's: {', '.join(names)}")
+    plan = planner(target, tier) if planner is not None else None
+    if plan is None:
+        return json_response(HTTPStatus.SERVICE_UNAVAILABLE, {"status": "warming_up"}, req.pretty)
+    return json_response(HTTPStatus.OK, {**doc, "required_capacity": plan}, req.pretty)
+
+
+def _bad_parameter(name: str, message: str) -> Response:
+    return json_response(HTTPStatus.BAD_REQUEST, {"error": message, "parameter": name})
+
+
+def _plan_query(query: Mapping[str, list[str]]) -> tuple[float, str] | Response | None:
+    """``(target, tier)`` from ``?target=X&tier=T``, None without them, or the 400 reply."""
+    if "target" not in query and "tier" not in query:
+        return None
+    for name in ("target", "tier"):
+        if len(query.get(name, ())) > 1:
+            return _bad_parameter(name, f"{name} must be given once")
+    if "target" not in query:
+        return _bad_parameter("target", "tier needs target, the total hit ratio to plan for")
+    try:
+        target = float(query["target"][0])
+    except ValueError:
+        target = math.nan
+    if not 0 < target < 1:
+        return _bad_parameter("target", "target must be a hit ratio strictly between 0 and 1")
+    tier = query.get("tier", ["gpu"])[0]
+    return target, tier
 
 
 def table(req: Request) -> Response:

@@ -208,7 +208,7 @@ class _Handler(BaseHTTPRequestHandler):
         query = parse_qs(urlsplit(self.path).query, keep_blank_values=True)
         request = pages.Request(self.server.state, self.server.registry, self.headers)
         try:
-            reply = page(request._replace(pretty="pretty" in query))
+            reply = page(request._replace(pretty="pretty" in query, query=query))
         except Exception:
             log.exception("HTTP page %s failed", path)
             reply = pages.json_response(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": "internal"})

@@ -8,7 +8,7 @@ cardinality is bounded:
 ``max_turn`` (32), ``reason`` by the fixed rejection reasons, ``target`` by configuration,
 ``engine`` and ``model`` by the ``--engine-metrics`` endpoints and the models they serve,
 ``tier`` (engine side) by ``MAX_TIERS_PER_MODEL`` names of the engines' own,
-``capacity_blocks`` by the published curve (17 points).
+``capacity_blocks`` by the published curve (17 points), ``tier`` by the configured tiers.
 """
 
 from __future__ import annotations
@@ -36,6 +36,12 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "gauge",
         "Forecast prefix-cache hit ratio (intent-aware, 0-1).",
         (),
+    ),
+    "kvcast_hit_ratio_forecast_tier": (
+        "gauge",
+        "Forecast share of input blocks served from each cache tier, gpu included; the tiers "
+        "add up to the stack's hit ratio (0-1).",
+        ("tier",),
     ),
     "kvcast_hit_ratio_forecast_single_class": (
         "gauge",
@@ -208,6 +214,11 @@ class KvcastCollector(Collector):
             value = forecast.get(key)
             if value is not None:
                 families[name].add_metric([], float(value))
+        for tier in forecast.get("tiers") or []:
+            if tier.get("hit_ratio") is not None:
+                families["kvcast_hit_ratio_forecast_tier"].add_metric(
+                    [tier["name"]], float(tier["hit_ratio"])
+                )
         for required in forecast.get("required_capacity_by_target") or []:
             if required and required.get("blocks") is not None:
                 families["kvcast_required_capacity_blocks"].add_metric(

@@ -14,6 +14,7 @@ import logging
 import signal
 import sys
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +33,10 @@ from kvcast.cli.options import (
     envvar_for,
     log_format_option,
     pop_stats_config,
+    pop_tiers,
     read_taxonomy_file,
     stats_options,
+    tier_options,
 )
 from kvcast.cli.secrets import hide_secrets_from_process_title, read_secret, with_password
 from kvcast.daemon.engine_metrics import engine_capacity
@@ -272,6 +275,7 @@ def _run_options(command: Any) -> Any:
 @_run_options
 @stats_options
 @capacity_options
+@tier_options
 @click.option(
     "--target-hit-ratio",
     "target_hit_ratios",
@@ -333,8 +337,10 @@ def run(log_level: str, log_format: str, as_json: bool, print_config: bool, **kw
     """Run the daemon: consume events, keep statistics, publish forecast and table."""
     logs = LogConfig(log_level, log_format)
     logs.configure()
+    signals = StopSignals().install()  # from here on SIGTERM drains, whenever it comes
     hide_secrets_from_process_title(sys.argv)
     stats = pop_stats_config(kwargs)
+    kwargs["tiers"], kwargs["tier_mode"] = pop_tiers(kwargs, kwargs["capacity_blocks"])
     kwargs["target_hit_ratios"] = tuple(kwargs["target_hit_ratios"])
     kwargs["taxonomy"] = int(kwargs["taxonomy"])
     try:
@@ -360,7 +366,7 @@ def run(log_level: str, log_format: str, as_json: bool, print_config: bool, **kw
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     tune_for_streaming()
-    sys.exit(serve(settings, store, source, status_json=as_json, logs=logs))
+    sys.exit(serve(settings, store, source, status_json=as_json, logs=logs, signals=signals))
 
 
 def _engine_urls(value: str | None) -> tuple[str, ...]:
@@ -407,14 +413,42 @@ def _read_password_files(kwargs: dict[str, Any]) -> None:
         kwargs["kafka_sasl_password"] = read_secret(kafka_file, "--kafka-sasl-password-file")
 
 
+class StopSignals:
+    """SIGTERM and SIGINT from the moment ``kvcast run`` starts: remembered while the process is
+    still being built (settings, store, classifier), passed to the loop once it exists, so that
+    a signal at any moment drains and exits 0 instead of killing the process (exit 143)."""
+
+    def __init__(self) -> None:
+        self.received: list[str] = []
+        self._target: Callable[[], None] | None = None
+
+    def install(self) -> StopSignals:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._handle)
+        return self
+
+    def _handle(self, signum: int, _frame: object = None) -> None:
+        self.received.append(signal.Signals(signum).name)
+        if self._target is not None:
+            self._target()
+
+    def attach(self, target: Callable[[], None]) -> None:
+        """From now on a signal calls ``target``; one that came before calls it at once."""
+        self._target = target
+        if self.received:
+            target()
+
+
 def serve(
     settings: DaemonSettings,
     store: Any,
     source: Any,
     status_json: bool = False,
     logs: LogConfig | None = None,
+    signals: StopSignals | None = None,
 ) -> int:
     """Wire this process, its workers, HTTP and signals; run until SIGTERM/SIGINT."""
+    signals = signals or StopSignals().install()
     try:
         instance = build_instance(settings, store, source, status_out=sys.stdout)
     except RuntimeError as exc:
@@ -443,16 +477,14 @@ def serve(
         instance.close()
         raise click.UsageError(f"--metrics-addr {settings.metrics_addr}: {exc}") from None
 
-    stopped_by: list[str] = []
+    stopped_by = signals.received
 
-    def stop(signum: int, _frame: object = None) -> None:
-        stopped_by.append(signal.Signals(signum).name)
+    def stop() -> None:
         daemon.request_stop()
         if pool is not None:
             pool.request_stop()
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, stop)
+    signals.attach(stop)
     mode = "embedded default" if settings.embedded else f"source {settings.source}"
     workers = f", {settings.workers} processes" if pool is not None else ""
     click.echo(
