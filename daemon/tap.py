@@ -29,6 +29,9 @@ What a client or an engine sees is never changed by kvcast's own parsing:
   nothing is queued (bounded time, in order); at most ``max_pending_bytes`` of requests wait
   to be built, beyond that an event is dropped and counted, never a request delayed.
 - The access log has the path, never the query string (``?api_key=...``).
+- An agent's request without an intent gets one from how its response ended (the copy keeps
+  the first choice's ``finish_reason`` and tool calls; :mod:`kvcast.producer.endings`): a stream
+  cut before its ``finish_reason`` is ``agent_cut``.
 
 Serve it with :meth:`Tap.start` or :func:`run_tap` (they turn on aiohttp's handler
 cancellation, which is how a hang-up reaches the handler, and the query-free access log).

@@ -19,7 +19,8 @@ next turn continues, as turn recovery assumes):
    carries tool calls is a tool call whatever ``finish_reason`` says: OpenAI and vLLM answer
    ``stop`` when ``tool_choice`` names the function;
 4. ``stop`` -> ``agent_stop``;
-5. ``abort`` (vLLM's and SGLang's reason for a request the engine aborted) -> ``agent_cut``;
+5. ``abort`` (vLLM's and SGLang's reason for a request the engine aborted) or ``error``
+   (vLLM's for one that failed in the engine) -> ``agent_cut``;
 6. anything else, or none on a response that was not cut -> no label: the event goes on as
    before (the classifier, else ``unknown``). A reason kvcast does not know says nothing about
    who speaks next, and passing it through would make the intent a free-form, unbounded label.
@@ -58,6 +59,7 @@ AGENT_INTENT_MODES = ("tools", "all", "off")
 
 _TRUNCATED = {"length": LENGTH, "content_filter": CONTENT_FILTER}
 _CALLED = frozenset(("tool_calls", "function_call"))
+_ENGINE_CUT = frozenset(("abort", "error"))
 _TOOL_ROLES = frozenset(("tool", "function"))
 
 
@@ -82,7 +84,7 @@ def agent_intent(
         return TOOL_CALL
     if reason == "stop":
         return STOP
-    if reason == "abort":
+    if reason in _ENGINE_CUT:
         return CUT
     return None
 

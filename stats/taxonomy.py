@@ -119,7 +119,7 @@ AGENT_INTENTS: MappingProxyType[str, str] = MappingProxyType(
         "agent_stop": "The response ended its turn (finish_reason stop): the next turn, if any, is a person's.",
         "agent_length": "The response reached its token limit (finish_reason length).",
         "agent_content_filter": "The engine's content filter ended the response (finish_reason content_filter).",
-        "agent_cut": "The response never finished: the client hung up, the upstream failed or timed out, or the engine aborted it (no finish_reason, or abort).",
+        "agent_cut": "The response never finished: the client hung up, the upstream failed or timed out, or the engine aborted it (no finish_reason, or abort or error).",
     }
 )
 

@@ -36,6 +36,7 @@ EXPECTED = {
     "length": "agent_length",
     "content_filter": "agent_content_filter",
     "abort": "agent_cut",
+    "error": "agent_cut",
     "none": None,  # no finish_reason, not cut: no label
     "eos": None,  # a reason kvcast does not know: no label
 }
