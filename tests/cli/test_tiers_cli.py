@@ -123,3 +123,47 @@ def test_simulate_reports_hits_per_tier(replay: Path, mode: str) -> None:
 def test_simulate_bad_tier_flags(replay: Path, args: list[str], message: str) -> None:
     code, out = run("simulate", str(replay), "--capacity-blocks", "300", *args)
     assert code == 2 and message in out and "Traceback" not in out, out
+
+
+def test_run_takes_tiers_from_flags_environment_and_config_file(tmp_path: Path) -> None:
+    config = tmp_path / "kvcast.toml"
+    config.write_text('capacity-blocks = 1000\ntier = ["host=4000", "disk=9000"]\n')
+    code, out = run("run", "--config", str(config), "--print-config")
+    assert code == 0, out
+    doc = orjson.loads(out)
+    assert doc["tiers"] == [
+        {"name": "host", "capacity_blocks": 4000}, {"name": "disk", "capacity_blocks": 9000},
+    ]  # fmt: skip
+    assert doc["tier_mode"] == "exclusive"
+    result = CliRunner().invoke(
+        cli, ["run", "--config", str(config), "--tier", "host=5000", "--tier-mode", "inclusive",
+              "--print-config"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = orjson.loads(result.output)
+    assert (doc["tiers"], doc["tier_mode"]) == (
+        [{"name": "host", "capacity_blocks": 5000}],
+        "inclusive",
+    )
+    result = CliRunner().invoke(
+        cli, ["run", "--print-config"], env={"KVCAST_TIER": "host=3000 disk=30000"}
+    )
+    assert [t["name"] for t in orjson.loads(result.output)["tiers"]] == ["host", "disk"]
+
+
+@pytest.mark.parametrize(
+    ("content", "args", "message"),
+    [
+        ('tier = ["host=x"]\n', [], "tier = ['host=x'] (--tier)"),
+        ('tier = ["host=100"]\ntier-mode = "inclusive"\n', [], "at least as large"),
+        ("", ["--tier", "gpu=3"], "GPU tier"),
+        ('tier-mode = "sideways"\n', [], "--tier-mode"),
+    ],
+)
+def test_run_bad_tiers_are_named(
+    tmp_path: Path, content: str, args: list[str], message: str
+) -> None:
+    config = tmp_path / "kvcast.toml"
+    config.write_text(content)
+    code, out = run("run", "--config", str(config), *args, "--print-config")
+    assert code == 2 and message in out and "Traceback" not in out, out
