@@ -273,26 +273,27 @@ def _tier_name(label: str) -> tuple[str | None, str | None]:
 
 def _tier_readings(engine: str, counts: dict[tuple[str, str, str], float]) -> list[TierReading]:
     """One reading per model, from the first of TIER_SOURCES with its hits and queries."""
+    # (family, model) -> [(tier label, count)]: one pass, however many series an endpoint has
+    by_model: dict[tuple[str, str], list[tuple[str, float]]] = {}
+    for (name, model, label), value in counts.items():
+        by_model.setdefault((name, model), []).append((label, value))
     readings: dict[str, TierReading] = {}
     for source in TIER_SOURCES:
         families = source.tier_families or ((source.hits, ""),)
-        hit_names = {name for name, _tier in families}
-        models = {model for name, model, _ in counts if name in hit_names}
+        models = {model for name, model in by_model for family, _tier in families if name == family}
         for model in sorted(models - set(readings)):
             queries = counts.get((source.queries, model, ""))
             if queries is None:
                 continue
             hits: dict[str, float] = {}
             problems: list[tuple[str, str]] = []
-            for (name, counted_model, label), value in counts.items():
-                if name not in hit_names or counted_model != model:
-                    continue
-                fixed = dict(families).get(name)
-                tier, problem = (fixed, None) if fixed else _tier_name(label)
-                if problem is not None:
-                    problems.append(("bad_tier", problem))
-                elif tier is not None:
-                    hits[tier] = hits.get(tier, 0.0) + value
+            for family, fixed in families:
+                for label, value in by_model.get((family, model), ()):
+                    tier, problem = (fixed, None) if fixed else _tier_name(label)
+                    if problem is not None:
+                        problems.append(("bad_tier", problem))
+                    elif tier is not None:
+                        hits[tier] = hits.get(tier, 0.0) + value
             if source.engine == "lmcache" and "lmcache" in hits and "gpu" in hits:
                 # LMCache retrieves from the last chunk boundary below vLLM's own hit, so up to
                 # a chunk per request is counted by both: LMCache serves at most what vLLM lacks.

@@ -28,6 +28,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from kvcast.daemon.engine_metrics import (
+    MAX_MODELS_PER_ENGINE,
     MAX_TIERS_PER_MODEL,
     STALE_AFTER_FAILURES,
     EngineScraper,
@@ -457,4 +458,25 @@ def test_kvcast_run_exports_each_tier_beside_the_engines_ratio(tmp_path: Path) -
         assert "# TYPE kvcast_engine_hit_ratio_tier gauge" in text
     finally:
         daemon.stop()
+        endpoint.close()
+
+
+def test_models_with_tiers_are_bounded_per_endpoint() -> None:
+    sglang = [
+        line
+        for i in range(100)
+        for line in sglang_lines(f"m{i:03d}", "1000", device="100", host="50")
+    ]
+    text = exposition(
+        *SGLANG_HEAD, *(line for line in sglang if "prompt" in line),
+        *CACHED_HEAD, *(line for line in sglang if "cached" in line),
+    )  # fmt: skip
+    scraper, endpoint = scraper_on(lambda: text)
+    try:
+        assert scraper.scrape_endpoint(endpoint.url)
+        models = {model for model, _tier in tiers_of(scraper)}
+        assert models == {f"m{i:03d}" for i in range(MAX_MODELS_PER_ENGINE)}
+        # Counted once for the overall ratios and once for the tiers.
+        assert errors_of(scraper) == {"too_many_models": 2}
+    finally:
         endpoint.close()
