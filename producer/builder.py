@@ -112,7 +112,9 @@ class EventBuilder:
     ) -> dict[str, Any]:
         """The event of one request. ``request``: the OpenAI-compatible body (``messages`` or
         ``prompt``); ``response``: the response body (its ``usage``, ``id`` and reply), or for
-        a stream the final chunk with ``usage`` plus the reply as ``choices[0].message``.
+        a stream the final chunk with ``usage`` plus the reply as ``choices[0].message`` (its
+        ``tool_calls``, if any) and the stream's ``choices[0].finish_reason``
+        (:mod:`kvcast.producer.responses` assembles one).
         ``arrival_s``: when the request arrived (Unix seconds; default now). ``token_ids``:
         the prompt's token ids, when the caller has them (exact block hashes).
         ``identity``: an opaque caller identity (a configured header's value); ``api_key``:
