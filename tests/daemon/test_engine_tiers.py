@@ -22,10 +22,14 @@ three expose with), so the endpoints serve the engines' own exposition text:
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from kvcast.daemon.engine_metrics import (
     MAX_MODELS_PER_ENGINE,
@@ -480,3 +484,30 @@ def test_models_with_tiers_are_bounded_per_endpoint() -> None:
         assert errors_of(scraper) == {"too_many_models": 2}
     finally:
         endpoint.close()
+
+
+def test_sglangs_multiprocess_exposition_is_read_summed_over_its_processes(
+    tmp_path: Path,
+) -> None:
+    """SGLang serves /metrics in prometheus-client's multiprocess mode (0.5.23
+    ``sglang/srt/utils/common.py``: ``set_prometheus_multiproc_dir``,
+    ``add_prometheus_middleware``): each process counts into its own file under
+    PROMETHEUS_MULTIPROC_DIR and the endpoint sums them, without ``_created`` samples. Two
+    tokenizer processes count here, each a real process with that directory set."""
+    counting = (
+        "import sys; from tests.daemon.test_engine_tiers import Sglang0523; s = Sglang0523(); "
+        "s.finish(int(sys.argv[1]), device=int(sys.argv[2]), host=int(sys.argv[3]))"
+    )
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    for prompt, device, host in ((1000, 300, 100), (3000, 100, 500)):
+        subprocess.run(
+            [sys.executable, "-c", counting, str(prompt), str(device), str(host)],
+            env=env, cwd=Path(__file__).resolve().parents[2], check=True, timeout=60,
+        )  # fmt: skip
+    assert len(list(tmp_path.glob("counter_*.db"))) == 2  # one file per process
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(tmp_path))
+    text = generate_latest(registry).decode()
+    assert "_created" not in text
+    (reading,) = parse_engine_tiers(text, "e")
+    assert reading.queries == 4000.0 and reading.hits == {"gpu": 400.0, "host": 600.0}
