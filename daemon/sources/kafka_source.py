@@ -9,6 +9,8 @@ the position it corresponds to always move together. Offsets are still committed
 from __future__ import annotations
 
 import logging
+import socket
+import threading
 import time
 from typing import Any
 
@@ -49,6 +51,35 @@ ASSIGNORS = {"cooperative-sticky": CooperativeStickyAssignor, "range": RangePart
 # A coordinator away for longer than this (s) makes the source not ready.
 COORDINATOR_GRACE_S = 3.0
 LAG_TIMEOUT_MS = 1000  # the lag query's wait for the broker, per call
+# Connecting in the background: a TCP probe of the bootstrap servers (seconds per server), then
+# kafka-python's consumer; retried with doubling waits up to CONNECT_RETRY_MAX_S, the warning
+# repeated at most every CONNECT_WARN_EVERY_S.
+CONNECT_PROBE_TIMEOUT_S = 2.0
+CONNECT_RETRY_MAX_S = 10.0
+CONNECT_WARN_EVERY_S = 60.0
+CONNECT_FIRST_WAIT_S = 5.0  # the constructor waits this long for the first attempt's outcome
+
+
+def _host_port(server: str) -> tuple[str, int]:
+    """``host:port``, ``[v6]:port`` or ``host`` (port 9092) as a socket address."""
+    host, colon, port = server.rpartition(":")
+    if not colon or host.endswith(":") or (server.startswith("[") and not host.endswith("]")):
+        host, port = server, "9092"
+    return host.strip("[]"), int(port)
+
+
+def probe_bootstrap(servers: list[str], timeout_s: float = CONNECT_PROBE_TIMEOUT_S) -> str | None:
+    """None when one of ``servers`` accepts a TCP connection, else why none did (for one line:
+    ``127.0.0.1:9099: connection refused``)."""
+    reasons = []
+    for server in servers:
+        try:
+            socket.create_connection(_host_port(server), timeout=timeout_s).close()
+            return None
+        except (OSError, ValueError) as exc:
+            why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+            reasons.append(f"{server}: {why[:1].lower()}{why[1:]}")
+    return "; ".join(reasons)
 
 
 def partition_name(topic: str, partition: int) -> str:
@@ -90,24 +121,82 @@ class KafkaSource:
     ) -> None:
         self.topic = topic
         self.listener: PartitionListener | None = None
+        self.bootstrap = bootstrap
         options = {**GROUP_SETTINGS, **FETCH_SETTINGS, **consumer_options}
         options["partition_assignment_strategy"] = (ASSIGNORS[assignment],)
-        self._consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap.split(","),
-            group_id=group_id,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
+        unknown = set(options) - set(KafkaConsumer.DEFAULT_CONFIG)
+        if unknown:  # what kafka-python's constructor would refuse, refused here and now
+            raise ValueError(f"kafka consumer options not known: {', '.join(sorted(unknown))}")
+        self._options = {
+            "bootstrap_servers": bootstrap.split(","),
+            "group_id": group_id,
+            "enable_auto_commit": False,
+            "auto_offset_reset": "earliest",
             **options,
-        )
+        }
+        # The consumer is built in the background: kafka-python's constructor waits for the
+        # bootstrap (30 s by default, then raises) and an absent broker must neither keep the
+        # HTTP server from starting (so /readyz can say what is wrong) nor hold up SIGTERM.
+        self._consumer: KafkaConsumer | None = None
+        self._connected = threading.Event()
+        self._attempted = threading.Event()  # the first attempt ended, either way
+        self._closed = threading.Event()
+        self._connect_error = ""
+        self._connect_since = time.monotonic()
         self._subscribed = False
         self._last_ok = time.monotonic()
         self._last_error = ""
         self._coordinator_lost_since: float | None = None
+        self._connector = threading.Thread(
+            target=self._connect, name="kvcast-kafka-connect", daemon=True
+        )
+        self._connector.start()
+        # A broker that answers is connected on return, as a synchronous constructor would be;
+        # an absent one costs at most one attempt (a refused probe returns at once).
+        self._attempted.wait(CONNECT_FIRST_WAIT_S)
+
+    def _connect(self) -> None:
+        """Build the consumer once a bootstrap server answers; until then say why, in kvcast's
+        own log line (kafka-python's reconnect lines say little) and in :meth:`health`."""
+        wait_s, warned_at = 0.5, float("-inf")
+        servers = self._options["bootstrap_servers"]
+        while not self._closed.is_set():
+            reason = probe_bootstrap(servers)
+            if reason is None:
+                try:
+                    consumer = KafkaConsumer(**self._options)
+                except Exception as exc:  # KafkaTimeoutError (no bootstrap), SASL, TLS, ...
+                    reason = f"{type(exc).__name__}: {exc}"
+                else:
+                    if self._closed.is_set():  # closed while it connected: nobody will use it
+                        consumer.close(autocommit=False)
+                        self._attempted.set()
+                        return
+                    self._consumer = consumer
+                    if warned_at > float("-inf"):
+                        log.warning("kafka broker %s answers now: consuming %s", self.bootstrap,
+                                    self.topic)  # fmt: skip
+                    self._connected.set()
+                    self._attempted.set()
+                    return
+            self._connect_error = reason
+            self._attempted.set()
+            if time.monotonic() - warned_at >= CONNECT_WARN_EVERY_S:
+                warned_at = time.monotonic()
+                log.warning(
+                    "kafka broker %s unreachable (%s): retrying, not ready until it answers "
+                    "(/readyz names the source)", self.bootstrap, reason,
+                )  # fmt: skip
+            self._closed.wait(wait_s)
+            wait_s = min(wait_s * 2, CONNECT_RETRY_MAX_S)
 
     def set_listener(self, listener: PartitionListener) -> None:
         self.listener = listener
 
     def poll(self, timeout_s: float, max_records: int) -> list[Record]:
+        if self._consumer is None:  # still connecting: wait as long as a poll would
+            self._connected.wait(timeout_s)
+            return []
         if not self._subscribed:
             self._consumer.subscribe([self.topic], listener=_Rebalance(self))
             self._subscribed = True
@@ -151,6 +240,8 @@ class KafkaSource:
 
     def commit_offsets(self, offsets: dict[str, int]) -> None:
         """Tell Kafka how far the store has checkpointed (next offset to read), for tooling."""
+        if self._consumer is None:
+            return
         try:
             self._consumer.commit_async(
                 {
@@ -166,6 +257,12 @@ class KafkaSource:
         return False
 
     def health(self) -> tuple[bool, str]:
+        if self._consumer is None:
+            waited = time.monotonic() - self._connect_since
+            if not self._connect_error:
+                return False, f"connecting to kafka broker {self.bootstrap} ({waited:.0f} s)"
+            return (False, f"kafka broker {self.bootstrap} unreachable for {waited:.0f} s:"
+                           f" {self._connect_error}")  # fmt: skip
         lost_since = self._coordinator_lost_since
         if lost_since is not None and time.monotonic() - lost_since > COORDINATOR_GRACE_S:
             return False, f"group coordinator unreachable for {time.monotonic() - lost_since:.0f} s"
@@ -181,6 +278,8 @@ class KafkaSource:
         """Records behind the log end over the assigned partitions; None when the broker does
         not answer within ``LAG_TIMEOUT_MS`` (this runs on the consumer's thread: a dead
         broker must not hold up the loop, whose polls are what notice the outage)."""
+        if self._consumer is None:
+            return None
         assigned = self._consumer.assignment()
         if not assigned:
             return 0
@@ -194,4 +293,6 @@ class KafkaSource:
         return sum(max(ends[tp] - at, 0) for tp, at in zip(assigned, positions, strict=True))
 
     def close(self) -> None:
-        self._consumer.close(autocommit=False)
+        self._closed.set()  # a connector still waiting gives up; one in kafka-python closes
+        if self._consumer is not None:
+            self._consumer.close(autocommit=False)
