@@ -23,7 +23,7 @@ from kvcast.daemon.settings import DaemonSettings
 from kvcast.daemon.sources import ReplaySource
 from kvcast.daemon.stores.memory import MemoryStore
 from kvcast.exporters.metrics import build_registry
-from kvcast.lab.bench.processes import DaemonProcess
+from kvcast.lab.bench.processes import DaemonProcess, wait_until
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.events import parse_event
 from kvcast.stats.labeller import IntentLabeller
@@ -157,3 +157,49 @@ def test_given_intents_skip_the_classifier() -> None:
     event = parse_event({"session_id": "s", "turn": 1, "timestamp": 1.0, "input_tokens": 1,
                          "output_tokens": 1, "intent": "chitchat"})  # fmt: skip
     assert labeller.label_batch([event]) == ["chitchat"] and calls == []
+
+
+def torch_mapped(pid: int) -> bool:
+    """Whether the process has torch's shared library mapped: the classifier was loaded."""
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+@pytest.mark.slow
+def test_auto_loads_the_classifier_only_when_an_event_needs_it(tmp_path: Path) -> None:
+    """``--classifier auto`` (the default) on a stream whose events all carry intents never
+    loads the model (before: 12 s before HTTP answered, and torch's memory); the first event
+    without one loads it, in the same process, and it labels that event."""
+    log_file = tmp_path / "events.jsonl"
+    events = [
+        {"session_id": f"s{n}", "turn": 1, "timestamp": float(n), "input_tokens": 50,
+         "output_tokens": 5, "intent": "translation", "prompt": "Translate: good morning"}
+        for n in range(40)
+    ]  # fmt: skip
+    log_file.write_bytes(b"\n".join(orjson.dumps(e) for e in events) + b"\n")
+    daemon = DaemonProcess(
+        ["--source", f"file://{log_file}", "--metrics-addr", "127.0.0.1:0",
+         "--commit-interval", "0.2", "--refresh-interval", "0.3"],
+        tmp_path / "daemon.log",
+    )  # fmt: skip
+    try:
+        wait_until(lambda: daemon.get("/v1/status")["processed"] == 40, 60, "40 events")
+        assert not torch_mapped(daemon.process.pid), daemon.text()
+        assert "loading the classifier" not in daemon.text()
+    finally:
+        assert daemon.stop(signal.SIGTERM) == 0
+    untagged = {**events[0], "session_id": "x", "timestamp": 100.0}
+    del untagged["intent"]
+    log_file.write_bytes(log_file.read_bytes() + orjson.dumps(untagged) + b"\n")
+    daemon = DaemonProcess(
+        ["--source", f"file://{log_file}", "--metrics-addr", "127.0.0.1:0",
+         "--commit-interval", "0.2", "--refresh-interval", "0.3", "--classifier-budget", "60"],
+        tmp_path / "daemon-2.log",
+    )  # fmt: skip
+    try:
+        wait_until(lambda: daemon.get("/v1/status")["processed"] == 41, 120, "41 events")
+        assert "an event without an intent: loading the classifier" in daemon.text()
+        assert torch_mapped(daemon.process.pid), daemon.text()
+        metrics = urllib.request.urlopen(daemon.url + "/metrics", timeout=5).read().decode()
+        assert re.search(r"kvcast_classifier_latency_seconds_count 1\.0", metrics), metrics
+    finally:
+        assert daemon.stop(signal.SIGTERM) == 0
