@@ -213,9 +213,11 @@ class StreamCopy(ResponseCopy):
             reason = choice.get("finish_reason")
             if isinstance(reason, str) and reason:
                 self.finish_reason = reason[:64]
-            text = delta.get("content") if isinstance(delta, dict) else None
+            text = None
             if isinstance(delta, dict):
-                self._calls(delta)
+                text = delta.get("content")
+                if "tool_calls" in delta or "function_call" in delta:  # rare: skip the call
+                    self._calls(delta)
             if text is None:
                 text = choice.get("text")  # completions
             if isinstance(text, str) and text:
