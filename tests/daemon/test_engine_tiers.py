@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -436,10 +437,19 @@ def test_an_engine_without_a_split_has_no_tiers() -> None:
     assert parse_engine_tiers(sglang.text(), "e")[0].hits == {}
 
 
+def serving(engine: Sglang0523, prompt: int, device: int, host: int) -> Callable[[], str]:
+    """The engine's text, one request finished before each scrape: every scrape window has
+    traffic (an idle engine has no ratio over its window), all at the same shares."""
+
+    def text() -> str:
+        engine.finish(prompt, device=device, host=host)
+        return engine.text()
+
+    return text
+
+
 def test_kvcast_run_exports_each_tier_beside_the_engines_ratio(tmp_path: Path) -> None:
-    sglang = Sglang0523()
-    sglang.finish(2000, device=600, host=400)
-    endpoint = Endpoint(sglang.text)
+    endpoint = Endpoint(serving(Sglang0523(), 2000, device=600, host=400))
     daemon = DaemonProcess(
         ["--engine-metrics", endpoint.url, "--engine-scrape-interval", "0.2",
          "--capacity-blocks", "2275", "--block-size", "16",

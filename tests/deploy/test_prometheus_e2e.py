@@ -157,3 +157,74 @@ def test_prometheus_scrapes_kvcast_and_fires_an_alert(kvcast, tmp_path: Path) ->
         assert set(loaded.values()) == {"ok"}, loaded
     finally:
         stop(server)
+
+
+@pytest.mark.integration
+def test_prometheus_joins_the_tiers_and_fires_the_per_tier_alert(tmp_path: Path) -> None:
+    """A tiered `kvcast run` (GPU 4 blocks, host 4 blocks: forecast near 0 in both) and an
+    SGLang stand-in whose HiCache host tier serves half the input: the forecast's and the
+    engine's `tier="host"` series meet in Prometheus, and the per-tier alert fires for host."""
+    from tests.daemon.test_engine_metrics import Endpoint
+    from tests.daemon.test_engine_tiers import Sglang0523, serving
+
+    binary = need("prometheus")
+    # Half the input from host memory, none from the GPU (so SGLang has no device series: the
+    # gpu tiers do not meet), a request before each scrape.
+    engine = Endpoint(serving(Sglang0523(), 2000, device=0, host=1000))
+    log = tmp_path / "kvcast.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVCAST_")}
+    args = ["--metrics-addr", "127.0.0.1:0", "--sample-conversations", "300", "--speedup", "5000",
+            "--capacity-blocks", "4", "--block-size", "16", "--tier", "host=4",
+            "--refresh-interval", "1", "--engine-metrics", engine.url,
+            "--engine-scrape-interval", "0.5"]  # fmt: skip
+    kvcast = start([sys.executable, "-m", "kvcast.cli.main", "run", *args], log, env)
+    server = None
+    try:
+
+        def serving() -> str | None:
+            assert kvcast.poll() is None, log.read_text()
+            found = re.search(r"serving http://([\d.]+:\d+)", log.read_text())
+            return found.group(1) if found else None
+
+        target = wait_for("kvcast to serve", serving, [log])
+        rules = yaml.safe_load(RULES.read_text())
+        for group in rules["groups"]:
+            for rule in group["rules"]:
+                rule["for"] = "0s"
+        (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": ["rules.yaml"],
+            "scrape_configs": [{"job_name": "kvcast", "static_configs": [{"targets": [target]}]}],
+        }
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+        api = f"http://127.0.0.1:{free_port()}"
+        prometheus_log = tmp_path / "prometheus.log"
+        server = start(
+            [binary, f"--config.file={tmp_path / 'prometheus.yml'}",
+             f"--storage.tsdb.path={tmp_path / 'data'}",
+             f"--web.listen-address={api.removeprefix('http://')}"],
+            prometheus_log,
+        )  # fmt: skip
+        logs = [prometheus_log, log]
+
+        def tier_alerts() -> list[dict]:
+            alerts = get_json(f"{api}/api/v1/alerts")["data"]["alerts"]
+            return [
+                alert for alert in alerts if alert["state"] == "firing"
+                and alert["labels"]["alertname"] == "KvcastTierForecastDivergesFromEngines"
+            ]  # fmt: skip
+
+        (alert,) = wait_for("the per-tier alert to fire", tier_alerts, logs)
+        assert alert["labels"]["tier"] == "host" and alert["labels"]["job"] == "kvcast"
+        assert float(alert["value"]) > 0.1
+        query = f"{api}/api/v1/query?" + urllib.parse.urlencode(
+            {"query": 'kvcast_hit_ratio_forecast_tier{tier="host"}'}
+        )
+        (forecast,) = get_json(query)["data"]["result"]
+        assert float(forecast["value"][1]) < 0.4  # the forecast's host share, far below 0.5
+    finally:
+        if server is not None:
+            stop(server)
+        stop(kvcast)
+        engine.close()
