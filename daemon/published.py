@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -55,6 +55,12 @@ class Published:
         self._components: dict[str, str] = {"store": "not checked yet"}
         self._heartbeat = clock()
         self._counters: dict[str, Any] = {}
+        # This process's stored counts (processed, duplicates, rejected:REASON), and what they
+        # were when the last refresh had read the store: the counters served are the store's
+        # plus this process's commits since, so "processed" moves with every commit, as the
+        # rate does, not only at each refresh (every --refresh-interval).
+        self._own: Counter[str] = Counter()
+        self._own_at_read: Counter[str] = Counter()
         self._commits = 0
         self._lag: int | None = None
         self._refresh_seconds = 0.0
@@ -71,10 +77,13 @@ class Published:
         counters: dict[str, Any],
         seconds: float,
         planner: Callable[[float, str], dict[str, Any]] | None = None,
+        own_at_read: Counter[str] | None = None,
     ) -> None:
         """A refresh's results; ``table`` None when the published table did not change;
-        ``planner`` answers ``/v1/forecast?target=X&tier=T`` on the same sample."""
+        ``planner`` answers ``/v1/forecast?target=X&tier=T`` on the same sample;
+        ``own_at_read``: :meth:`own_commits` once the store was read (None: now)."""
         with self._lock:
+            self._own_at_read = Counter(self._own) if own_at_read is None else own_at_read
             self._planner = planner
             if self._shadow is not None:  # beside the forecast, with its error against it
                 forecast = {**forecast, "shadow": with_forecast_error(self._shadow, forecast)}
@@ -102,8 +111,39 @@ class Published:
         self._heartbeat = self._clock()
 
     def committed(self, partition: str, delta: PartitionDelta) -> None:
+        counts = delta.counters
         with self._lock:
             self._commits += 1
+            self._own["processed"] += counts.processed
+            self._own["duplicates"] += counts.duplicates
+            for reason, n in counts.rejected.items():
+                self._own[f"rejected:{reason}"] += n
+
+    def own_commits(self) -> Counter[str]:
+        """This process's stored counts so far (the refresher marks them after its read)."""
+        with self._lock:
+            return Counter(self._own)
+
+    def _counters_now(self) -> dict[str, Any]:
+        """The store's counters at the last refresh plus this process's commits since (under
+        the lock). A commit that raced the refresh's read is left out until the next one, never
+        counted twice."""
+        counters = dict(self._counters)
+        since = self._own - self._own_at_read
+        if not since:
+            return counters
+        by_reason = dict(counters.get("rejected_by_reason") or {})
+        for key, n in since.items():
+            if key.startswith("rejected:"):
+                reason = key.removeprefix("rejected:")
+                by_reason[reason] = by_reason.get(reason, 0) + n
+        counters["processed"] = counters.get("processed", 0) + since["processed"]
+        counters["duplicates"] = counters.get("duplicates", 0) + since["duplicates"]
+        counters["rejected"] = counters.get("rejected", 0) + sum(
+            n for key, n in since.items() if key.startswith("rejected:")
+        )
+        counters["rejected_by_reason"] = dict(sorted(by_reason.items()))
+        return counters
 
     def set_shadow(self, document: dict[str, Any]) -> None:
         """The shadow simulation's curve (``kvcast.daemon.shadow_feed``), published with the
@@ -162,7 +202,7 @@ class Published:
             view = MetricsView(
                 forecast=self._forecast,
                 table=self._table,
-                counters=dict(self._counters),
+                counters=self._counters_now(),
                 commits=self._commits,
                 lag=self._lag,
                 refresh_seconds=self._refresh_seconds,

@@ -88,6 +88,7 @@ class Publisher:
     def refresh_once(self) -> None:
         started = time.perf_counter()
         state = self.store.load_window(self.settings.stats)
+        own_at_read = self.published.own_commits()  # after the read: never counted twice
         previous = self.published.table_document()
         version = previous["version"] if previous is not None else self._stored_table_version()
         result = compute_refresh(state, self.settings, version)
@@ -112,6 +113,7 @@ class Publisher:
             state.counters.to_dict(),
             time.perf_counter() - started,
             planner=result.planner,
+            own_at_read=own_at_read,
         )
 
     def _report_emptied(

@@ -69,6 +69,7 @@ class Daemon:
         self._paused_for_store = False
         self._stop = threading.Event()
         self._flushed = False
+        self._announced_end = False  # a finite source's end said once, after its last commit
         self._last_commit = clock()
         self._backoff_s = 0.0
         self._retry_at = 0.0
@@ -132,6 +133,8 @@ class Daemon:
                 engine.flush()
             self._flushed = True
             self._queue_all()
+        if self._flushed and not self._announced_end and not any(self._queued.values()):
+            self._announce_end()
         due = self._clock() - self._last_commit >= self.settings.commit_interval_s
         if due and self._engines and self._clock() >= self._retry_at:
             self._check_epoch()
@@ -400,6 +403,24 @@ class Daemon:
             self.source.pause(list(self._engines))
 
     # -- status ------------------------------------------------------------------------------
+
+    def _announce_end(self) -> None:
+        """A finite source (a file, the embedded sample) has been read and everything stored:
+        say so once, and refresh now so the forecast and table served are the final ones."""
+        self._announced_end = True
+        self.publisher.refresh_soon()
+        if self.status_json:
+            line = orjson.dumps({"source_ended": True, "applied": self.events_seen}).decode()
+        else:
+            line = (
+                f"kvcast: the source has ended: {self.events_seen:,} events applied and stored;"
+                " the forecast and table stay served until SIGTERM or Ctrl-C"
+            )
+        if self._status_out is None:
+            log.info(line)
+            return
+        self._status_out.write(line + "\n")
+        self._status_out.flush()
 
     def _print_status(self) -> None:
         now, seen = self._clock(), self.events_seen

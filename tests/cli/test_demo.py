@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
+import os
+import re
+from pathlib import Path
+
 import pytest
 
 from kvcast.cli.demo import demo_source, embedded_source
 from kvcast.daemon.instance import open_store_and_source
 from kvcast.daemon.settings import DaemonSettings
 from kvcast.daemon.sources import Record, ReplaySource
+from kvcast.lab.bench.processes import DaemonProcess, wait_until
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.events import Event, parse_event
 
@@ -101,3 +107,64 @@ def test_embedded_settings_take_the_given_demo_source() -> None:
         assert store.read_table() is None  # a fresh embedded (memory) store
     finally:
         store.close()
+
+
+STATUS = re.compile(
+    rb"^kvcast \| ([\d,]+) events/s \| processed ([\d,]+) .*\| table v([\d-]+) ", re.M
+)
+ENDED = re.compile(rb"^kvcast: the source has ended: ([\d,]+) events applied and stored;", re.M)
+
+
+def number(text: bytes) -> int:
+    return int(text.replace(b",", b""))
+
+
+def run_demo(tmp_path: Path, **env: str) -> DaemonProcess:
+    """``kvcast run`` on its embedded default (a small sample), status lines every 0.5 s."""
+    return DaemonProcess(
+        ["--metrics-addr", "127.0.0.1:0", "--status-interval", "0.5", "--commit-interval", "0.2"],
+        tmp_path / "demo.log",
+        env={**os.environ, "KVCAST_SAMPLE_CONVERSATIONS": "800", "KVCAST_SPEEDUP": "150", **env},
+    )  # fmt: skip
+
+
+def test_processed_moves_with_the_rate_between_refreshes(tmp_path: Path) -> None:
+    """The status line's "processed" counts this process's commits as they are stored, not
+    only at each refresh: with one refresh in an hour (the one at start, before any event),
+    it still rises line by line while events flow (before: "processed 0" beside the rate)."""
+    demo = run_demo(tmp_path, KVCAST_REFRESH_INTERVAL="3600")
+    try:
+        wait_until(lambda: len(STATUS.findall(demo.log.read_bytes())) >= 6, 60, "6 status lines")
+    finally:
+        assert demo.stop() == 0, demo.text()
+    lines = [(number(rate), number(processed)) for rate, processed, _ in STATUS.findall(
+        demo.log.read_bytes())]  # fmt: skip
+    flowing = [processed for rate, processed in lines if rate > 0]
+    assert len(flowing) >= 3 and flowing[-1] > 0, demo.text()
+    assert len(set(flowing)) >= 2, demo.text()  # it moved while events came
+    assert all(a <= b for a, b in itertools.pairwise(p for _, p in lines)), demo.text()
+    applied = re.search(r"stopped on SIGTERM: ([\d,]+) events applied", demo.text())
+    assert applied and flowing[-1] <= number(applied.group(1).encode())
+
+
+def test_the_finite_demo_says_when_it_is_done_and_then_changes_nothing(tmp_path: Path) -> None:
+    """The sample replayed and stored: one line says so; the status lines after it show every
+    applied event as processed and the same table version, refresh after refresh."""
+    demo = run_demo(tmp_path, KVCAST_REFRESH_INTERVAL="0.2", KVCAST_TABLE_INTERVAL="0.2")
+    try:
+        wait_until(lambda: ENDED.search(demo.log.read_bytes()), 120, "the end of the sample")
+        ended_at = ENDED.search(demo.log.read_bytes())
+        assert ended_at is not None
+        wait_until(lambda: len(STATUS.findall(demo.log.read_bytes()[ended_at.end() :])) >= 12,
+                   60, "12 status lines after the end")  # fmt: skip
+        after = STATUS.findall(demo.log.read_bytes()[ended_at.end() :])
+    finally:
+        assert demo.stop() == 0, demo.text()
+    applied = number(ended_at.group(1))
+    assert demo.text().count("the source has ended") == 1
+    settled = after[2:]  # the refresh the end asked for has run (refresh every 0.2 s)
+    assert {number(processed) for _, processed, _ in settled} == {applied}
+    versions = {version for _, _, version in settled}
+    assert len(versions) == 1 and versions != {b"-"}, after
+    assert re.search(rf"stopped on SIGTERM: {applied:,} events applied, everything stored",
+                     demo.text())  # fmt: skip
