@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -193,30 +192,36 @@ def test_kvcast_run_exports_the_engines_ratio_and_forecasts_their_capacity(
     vllm, tmp_path: Path
 ) -> None:
     metrics, endpoint = vllm
-    metrics.serve("llama", queries=2000, hits=700)
+    # A batch of requests before each scrape, so that every window has traffic: an idle
+    # engine has no ratio over its window (no queries added since its first scrape in it).
+    batch = {"queries": 100, "hits": 35}
+
+    def serving() -> str:
+        metrics.serve("llama", **batch)
+        return metrics.text()
+
+    endpoint.text = serving
     daemon = DaemonProcess(
         ["--engine-metrics", endpoint.url, "--engine-scrape-interval", "0.2",
          "--metrics-addr", "127.0.0.1:0", "--refresh-interval", "0.3",
          "--sample-conversations", "300"],
         tmp_path / "daemon.log",
     )  # fmt: skip
+    ratio = re.compile(rf'^kvcast_engine_hit_ratio{{engine="{endpoint.name}",model="llama"}} (.+)$',
+                       re.M)  # fmt: skip
+
+    def exported() -> float | None:
+        found = ratio.search(daemon.raw("/metrics").decode())
+        return float(found.group(1)) if found else None
+
     try:
-
-        def scraped() -> str | None:
-            text = daemon.raw("/metrics").decode()
-            return text if "kvcast_engine_hit_ratio{" in text else None
-
-        wait_until(scraped, 30, "kvcast_engine_hit_ratio on /metrics")
+        wait_until(exported, 30, "kvcast_engine_hit_ratio on /metrics")
+        assert exported() == pytest.approx(0.35)
         text = daemon.raw("/metrics").decode()
-        line = f'kvcast_engine_hit_ratio{{engine="{endpoint.name}",model="llama"}} 0.35'
-        assert line in text
         assert re.search(r"^kvcast_capacity_blocks 2275\.0$", text, re.M)
         assert "from the engines' vllm:cache_config_info: capacity_blocks=2275" in daemon.text()
-        metrics.serve("llama", queries=1000, hits=1000)  # only hits since the first scrape
-        time.sleep(0.2)
-        wait_until(
-            lambda: 'model="llama"} 0.35' not in daemon.raw("/metrics").decode(), 30, "a new ratio"
-        )
+        batch.update(hits=100)  # from now on every query hits: the window's ratio rises
+        wait_until(lambda: (exported() or 0) > 0.36, 30, "a ratio of the hits since")
     finally:
         daemon.stop()
 

@@ -329,8 +329,12 @@ def test_kvcast_run_exports_scrape_errors_beside_the_healthy_engines_ratio(
     raw_endpoints, tmp_path: Path
 ) -> None:
     metrics = VllmMetrics()
-    metrics.serve("llama", queries=2000, hits=700)
-    healthy = Endpoint(metrics.text)
+
+    def serving() -> str:  # requests before each scrape: an idle engine has no ratio
+        metrics.serve("llama", queries=200, hits=70)
+        return metrics.text()
+
+    healthy = Endpoint(serving)
     broken = raw_endpoints(ssh_banner)
     daemon = DaemonProcess(
         ["--engine-metrics", f"{healthy.url},{broken.url}", "--engine-scrape-interval", "0.2",
