@@ -269,6 +269,16 @@ class Published:
         }
 
 
+def rate(events_per_s: float) -> str:
+    """Events/s for the status line: whole numbers, with a decimal below 10 (a trickle of 0.4/s
+    that still completes conversations and changes the table must not read as "0")."""
+    return (
+        f"{events_per_s:,.0f}"
+        if events_per_s >= 9.95 or events_per_s == 0
+        else f"{events_per_s:.1f}"
+    )
+
+
 def format_status(status: dict[str, Any]) -> str:
     """The status document as the human one-liner."""
 
@@ -279,11 +289,11 @@ def format_status(status: dict[str, Any]) -> str:
     lag = status["lag"]
     if status["role"] == "worker":
         return (
-            f"kvcast worker | {status['events_per_s']:,.0f} events/s"
+            f"kvcast worker | {rate(status['events_per_s'])} events/s"
             f" | lag {lag if lag is not None else '-'} | store {status['store']}"
         )
     return (
-        f"kvcast | {status['events_per_s']:,.0f} events/s"
+        f"kvcast | {rate(status['events_per_s'])} events/s"
         f" | processed {status['processed']:,} rejected {status['rejected']:,}"
         f" duplicates {status['duplicates']:,}"
         f" | hit ratio {ratio('hit_ratio')} (single-class {ratio('hit_ratio_single_class')},"
