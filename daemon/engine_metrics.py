@@ -122,7 +122,9 @@ TIER_SOURCES = (
 # The engines' words for the accelerator's own cache (and vLLM's unattributed connector hits)
 # in kvcast's: the forecast's first tier is "gpu". Other tiers keep the engine's name.
 TIER_ALIASES = {"device": "gpu", "external_unspecified": "external"}
-NOT_TIERS = frozenset({"total"})  # SGLang's label for hits without a split: no one tier's
+# Hits of no one tier: SGLang's label for a request without a split, and no label at all (an
+# older engine's counter without the tier label; in Prometheus an empty value is no label).
+NOT_TIERS = frozenset({"total", ""})
 TIER_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")  # what may become a label value
 MAX_TIERS_PER_MODEL = 8  # vLLM names five, SGLang three: more is misbehaving
 

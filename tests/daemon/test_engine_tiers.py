@@ -361,7 +361,7 @@ def test_tier_counts_growing_faster_than_the_input_are_rejected_and_start_anew()
 
 
 def test_odd_tier_names_are_refused_and_counted_and_the_rest_exported() -> None:
-    odd = ["GPU", "ho st", "x" * 200, 'tier\\"quoted', "caché", "9lives", ""]
+    odd = ["GPU", "ho st", "x" * 200, 'tier\\"quoted', "caché", "9lives"]
     lines = [f'vllm:prompt_tokens_cached_by_source_total{{engine="0",model_name="m",'
              f'source="{name}"}} 10' for name in odd]  # fmt: skip
     text = exposition(
@@ -435,6 +435,21 @@ def test_an_engine_without_a_split_has_no_tiers() -> None:
     sglang = Sglang0523()
     sglang.finish(1000, device=300, split=False)
     assert parse_engine_tiers(sglang.text(), "e")[0].hits == {}
+    # An older SGLang's cached-token counter without the cache_source label (or with it
+    # empty, which Prometheus reads as no label): a hit ratio, no tier, nothing refused.
+    text = exposition(
+        *SGLANG_HEAD, sglang_lines("q", "1000")[0],
+        "# TYPE sglang:cached_tokens_total counter",
+        'sglang:cached_tokens_total{engine_type="unified",model_name="q"} 250',
+        'sglang:cached_tokens_total{cache_source="",engine_type="unified",model_name="q"} 50',
+    )  # fmt: skip
+    scraper, endpoint = scraper_on(lambda: text)
+    try:
+        assert scraper.scrape_endpoint(endpoint.url)
+        assert scraper.metrics()["engines"][0]["hit_ratio"] == 0.3
+        assert tiers_of(scraper) == {} and errors_of(scraper) == {}
+    finally:
+        endpoint.close()
 
 
 def serving(engine: Sglang0523, prompt: int, device: int, host: int) -> Callable[[], str]:
