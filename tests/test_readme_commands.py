@@ -165,3 +165,19 @@ def test_the_offline_lines_run_as_written(tmp_path: Path) -> None:
         if line.startswith("kvcast replay mooncake.jsonl"):
             # 3,993 requests of 512-token blocks, none rejected (the size matches the hashes)
             assert "events: processed 3993, rejected 0" in result.stdout, result.stdout[-500:]
+
+
+def test_the_addresses_the_readme_states_are_the_defaults() -> None:
+    """The daemon's HTTP address, the tap's and the test services' are what the code uses."""
+    served = re.search(r"serves <http://([\d.:]+)>", README)
+    assert served, "README names no address for make run"
+    config = run_kvcast("kvcast run --print-config", ROOT)
+    assert orjson.loads(config.stdout)["metrics_addr"] == served.group(1)
+    tap = re.search(r"clients now talk to ([\d.:]+)", README)
+    assert tap, "README names no address for the tap"
+    tap_help = " ".join(run_kvcast("kvcast tap --help", ROOT).stdout.split())
+    assert f"[default: {tap.group(1)}]" in tap_help
+    services = (ROOT / "scripts" / "services.sh").read_text()
+    redis, broker = re.search(r"a Redis on\s+([\d.]+:\d+) and a Kafka-protocol broker, `tansu`,"
+                              r" on\s+([\d.]+:\d+)", README).groups()  # fmt: skip
+    assert f"redis://{redis}/0" in services and f"KAFKA:-{broker}" in services
