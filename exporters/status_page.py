@@ -5,9 +5,10 @@ works behind a path-prefixing proxy) every 5 s and draws the forecast beside the
 ratio, the capacity curve h(N) with the configured capacity marked (and, for a forecast of
 more than one tier, each tier's band: the hit ratio it adds over the capacities it adds), the
 priority table as a heatmap over (intent, turn), the last hour of forecast and observed hit
-ratio, and the operator's figures: events/s, consumer lag, rejections by reason, each component's state and
-the forecast's age. Nothing is fetched from elsewhere; the Content-Security-Policy below
-forbids it, and the script writes data into the page only as text, never as markup.
+ratio, and the operator's figures: events/s, consumer lag, rejections by reason, each
+component's state and the forecast's age. Nothing is fetched from elsewhere; the
+Content-Security-Policy below forbids it, and the script writes data into the page only as
+text, never as markup.
 """
 
 from __future__ import annotations
