@@ -693,6 +693,14 @@ class EngineScraper:
                     )
                     window.add(now, reading.hits, reading.queries)  # type: ignore[arg-type]
                     endpoint.gauges.pop(reading.model, None)
+                    ratio = window.ratio()
+                    if ratio is not None and not 0.0 <= ratio <= 1.0:
+                        # Hits that grew faster than the queries between two valid scrapes:
+                        # counted, and the window starts anew at this (valid) scrape.
+                        endpoint.count("bad_value")
+                        rejected.append(f"model {reading.model!r}: ratio {ratio:g} over the window")
+                        window.samples.clear()
+                        window.add(now, reading.hits, reading.queries)  # type: ignore[arg-type]
             for models in (endpoint.windows, endpoint.gauges):  # models no longer served
                 for model in [m for m in models if m not in seen]:
                     del models[model]

@@ -354,8 +354,10 @@ def test_tier_counts_growing_faster_than_the_input_are_rejected_and_start_anew()
         counts.update(prompt="1010", device="600")  # +500 hits for +10 tokens asked
         now[0] = 15.0
         assert scraper.scrape_endpoint(endpoint.url)
-        assert errors_of(scraper) == {"bad_value": 1}
+        assert errors_of(scraper) == {"bad_value": 2}  # the tiers' window and the total's
         assert tiers_of(scraper) == pytest.approx({("m", "gpu"): 600 / 1010})  # since the start
+        (overall,) = scraper.metrics()["engines"]
+        assert overall["hit_ratio"] == pytest.approx(600 / 1010)
     finally:
         endpoint.close()
 
