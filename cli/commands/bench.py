@@ -18,12 +18,13 @@ from kvcast.lab.reports.validation import ValidationGrid, measure_speed, run_val
 
 SUITES = (
     "throughput", "replay", "solver", "client", "tap", "classifier", "policies", "validation",
-    "daemon", "engines", "shadow", "sharing",
+    "daemon", "engines", "shadow", "sharing", "sim-scale",
 )  # fmt: skip
 # "classifier" loads the model, "policies" and "validation" take minutes, "daemon" needs a
 # broker and a Redis and "engines" the engines' venvs (scripts/engine_venv.sh), "shadow" runs
 # the exact block simulator over 10^6 requests at 17 capacities (minutes), "sharing" validates
-# the forecast with shared blocks against block-level LRU (minutes): ask for them by name.
+# the forecast with shared blocks against block-level LRU (minutes), "sim-scale" runs kvcast
+# simulate on 10 M block references per policy and capacity (minutes): ask for them by name.
 DEFAULT_SUITES = ("throughput", "replay", "solver", "client")
 
 
@@ -66,7 +67,8 @@ def _markdown(rows: list[tuple[str, str, str, str]]) -> str:
 @click.option(
     "--quick",
     is_flag=True,
-    help="Validation and policies suites: the small grids of the tests; shadow: 50,000 requests.",
+    help="Validation and policies suites: the small grids of the tests; shadow: 50,000 requests; "
+    "sim-scale: 30 agent conversations at one capacity.",
 )
 @click.option(
     "--shadow-requests",
@@ -177,6 +179,16 @@ def bench(
         )
         results["shadow"] = shadow.to_dict()
         rows += shadow.rows()
+    if "sim-scale" in chosen:
+        from kvcast.lab.bench.sim_scale import run_sim_scale
+
+        scale = run_sim_scale(
+            30 if quick else 1000,
+            capacities=(1000,) if quick else (1000, 16000),
+            progress=lambda line: click.echo(line, err=True),
+        )
+        results["sim-scale"] = scale.to_dict()
+        rows += scale.rows()
     if "daemon" in chosen:
         from kvcast.lab.bench.daemon_bench import run_daemon_bench
 

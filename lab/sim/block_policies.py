@@ -40,7 +40,14 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from kvcast.lab.sim.block_cache import BlockCache, BlockLayout, Progress, Strategy, next_use_times
+from kvcast.lab.sim.block_cache import (
+    BlockCache,
+    BlockLayout,
+    Progress,
+    Strategy,
+    flat_view,
+    next_use_times,
+)
 from kvcast.lab.sim.policy_tables import RollingTable, intent_labels, learn_table
 from kvcast.lab.sim.trace import SimTrace
 from kvcast.stats.config import StatsConfig
@@ -58,7 +65,7 @@ class LRU(Strategy):
 
     def bind(self, sim: BlockCache) -> None:
         super().bind(sim)
-        self.req = sim.request_of.tolist()
+        self.req = flat_view(sim.request_of)
         self.off = sim.layout.offsets.tolist()
 
 
@@ -145,7 +152,7 @@ class Density(_ByState):
         # client's SHARED_INTENT curve).
         self.user = [-1] * sim.layout.num_nodes
         self.shared_nodes: set[int] = set()
-        self.nodes = sim.layout.nodes.tolist()
+        self.nodes = flat_view(sim.layout.nodes)
         self.offs = sim.layout.offsets.tolist()
         self.conv = trace.conversation.tolist()
         shared_curve = self.table.shared_curve()
@@ -184,7 +191,7 @@ class TBS(LRU):
             raise ValueError("threshold_s must be > 0")
         self.threshold = float(threshold_s)
         self.size_mode = size
-        self.next_use = next_use.tolist()
+        self.next_use = flat_view(next_use)
 
     def bind(self, sim: BlockCache) -> None:
         super().bind(sim)

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
+from kvcast.lab.workload import generator as gen
 from kvcast.lab.workload.generator import Delay
 
 if TYPE_CHECKING:
@@ -183,6 +184,31 @@ class AgentModel:
     def intent_names(self) -> tuple[str, ...]:
         return tuple(e.intent for e in self.endings)
 
+    def draw(
+        self,
+        rng: np.random.Generator,
+        arrival: NDArray[np.float64],
+        *,
+        seed: int,
+        block_size: int,
+        prompts: bool,
+        session_prefix: str,
+        block_hashes: bool,
+        meta: dict[str, object],
+    ) -> Trace:
+        """The trace (``generate`` calls this for a model whose ``agent`` is this one)."""
+        return generate_agent(
+            self,
+            rng,
+            arrival,
+            seed=seed,
+            block_size=block_size,
+            prompts=prompts,
+            session_prefix=session_prefix,
+            block_hashes=block_hashes,
+            meta=meta,
+        )
+
 
 @dataclass(frozen=True)
 class _Rows:
@@ -282,8 +308,6 @@ def generate_agent(
 ) -> Trace:
     """The trace of roots arriving at ``arrival`` (s) and their sub-agents (see the module
     doc); ``rng`` is the seed's main stream after the arrivals were drawn."""
-    from kvcast.lab.workload import generator as gen
-
     bs = block_size
     n = arrival.size
     turns = am.turns.draw(rng, n)
@@ -377,8 +401,6 @@ def _ids(
 ) -> object:
     """Block ids with one chain per (conversation, epoch): a compaction starts a new chain
     after the shared prefix; a sub-agent's first chain continues its parent's at request k."""
-    from kvcast.lab.workload import generator as gen
-
     key = conv_row * (int(epoch.max(initial=0)) + 1) + epoch
     uniq, chain_row = np.unique(key, return_inverse=True)
     chain_row = chain_row.reshape(-1).astype(np.int64)

@@ -141,6 +141,25 @@ class BlockIds:
     tail: NDArray[np.int64]
     request_chain: NDArray[np.int64] | None = None
 
+    def flat(
+        self, conversation: NDArray[np.int64], blocks: NDArray[np.int64]
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """Every request's ids in trace order as one array and its offsets: request r's are
+        ``ids[offsets[r]:offsets[r + 1]]`` (the simulator's ``BlockHashes``)."""
+        owner = conversation if self.request_chain is None else self.request_chain
+        r = blocks.astype(np.int64)
+        offsets = np.zeros(r.size + 1, np.int64)
+        np.cumsum(r, out=offsets[1:])
+        within = np.arange(int(offsets[-1]), dtype=np.int64) - np.repeat(offsets[:-1], r)
+        src = np.repeat(self.start[owner], r) + within
+        ids = (
+            self.chain[np.minimum(src, max(self.chain.size - 1, 0))]
+            if self.chain.size
+            else (np.zeros(src.size, np.int64))
+        )
+        ids[offsets[1:][r > 0] - 1] = self.tail[r > 0]
+        return ids, offsets
+
     def lists(self, conversation: NDArray[np.int64], blocks: NDArray[np.int64]) -> list[list[int]]:
         """Every request's ids in trace order (``conversation``/``blocks`` per request)."""
         chain, tail = self.chain.tolist(), self.tail.tolist()

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import orjson
@@ -39,7 +39,6 @@ from kvcast.lab.workload.prompts import prompt_text
 
 if TYPE_CHECKING:
     from kvcast.lab.sim.trace import SimTrace
-    from kvcast.lab.workload.agent import AgentModel
     from kvcast.stats.delays import DelayDistribution
 
 _LOGNORMAL = 1  # delay kind code in the sampling tables (0: exponential)
@@ -229,6 +228,26 @@ class Sharing:
         return w / w.sum()
 
 
+class ConversationModel(Protocol):
+    """A model that draws its conversations itself (``kvcast.lab.workload.agent.AgentModel``;
+    it depends on this module, not the other way round): ``block_size`` is its default."""
+
+    block_size: int
+
+    def draw(
+        self,
+        rng: np.random.Generator,
+        arrival: NDArray[np.float64],
+        *,
+        seed: int,
+        block_size: int,
+        prompts: bool,
+        session_prefix: str,
+        block_hashes: bool,
+        meta: dict[str, object],
+    ) -> Trace: ...
+
+
 @dataclass(frozen=True)
 class WorkloadModel:
     """A mix of intents: ``weights[k]`` is the share of conversations of ``intents[k]``;
@@ -239,7 +258,7 @@ class WorkloadModel:
     intents: tuple[IntentModel, ...]
     weights: tuple[float, ...]
     sharing: Sharing | None = None
-    agent: AgentModel | None = None
+    agent: ConversationModel | None = None
 
     def __post_init__(self) -> None:
         if not self.intents or len(self.intents) != len(self.weights):
@@ -374,9 +393,11 @@ class Trace:
 
     def sim_trace(self) -> SimTrace:
         """The simulator's view of this trace (same request order; block ids where given)."""
-        from kvcast.lab.sim.trace import SimTrace
+        from kvcast.lab.sim.trace import BlockHashes, SimTrace
 
-        hashes = self.block_hashes()
+        hashes = None
+        if self.block_ids is not None:
+            hashes = BlockHashes(*self.block_ids.flat(self.conversation, self.blocks))
         return SimTrace(
             conversation=self.conversation,
             turn=self.turn,
@@ -385,7 +406,7 @@ class Trace:
             conversations=self.conversations,
             intent=self.intent,
             intent_names=self.intent_names,
-            block_hashes=None if hashes is None else tuple(hashes),
+            block_hashes=hashes,
         )
 
     def measurement_fractions(
@@ -603,10 +624,7 @@ def generate(
         arrival -= arrival[0] if n else 0.0
     arrival += start_time
     if model.agent is not None:
-        from kvcast.lab.workload.agent import generate_agent
-
-        trace = generate_agent(
-            model.agent,
+        trace = model.agent.draw(
             rng,
             arrival,
             seed=seed,

@@ -129,3 +129,17 @@ def test_the_engines_suite_names_the_missing_venv_and_how_to_build_it(
     assert code != 0
     assert "vllm: no interpreter at" in output
     assert "scripts/engine_venv.sh vllm" in output
+
+
+def test_the_sim_scale_suite_times_kvcast_simulate_per_policy_within_its_budget() -> None:
+    result = CliRunner().invoke(cli, ["bench", "--suite", "sim-scale", "--quick", "--json"])
+    assert result.exit_code == 0, result.output
+    assert "sim-scale density at 1,000 blocks" in result.stderr  # progress, one line a run
+    scale = orjson.loads(result.stdout)["sim-scale"]
+    assert [r["policy"] for r in scale["runs"]] == ["lru", "iac", "density"]
+    assert scale["references"] > scale["requests"] > 30  # ~130 blocks of 1,024 tokens a request
+    for run in scale["runs"]:
+        assert run["capacity_blocks"] == 1000 and 0.0 < run["hit_ratio"] < 1.0
+        assert run["references_per_s"] == pytest.approx(scale["references"] / run["wall_s"])
+        assert 0 < run["simulate_s"] < run["wall_s"] and run["peak_rss_bytes"] > 10**7
+    assert scale["within_budget"] is True
