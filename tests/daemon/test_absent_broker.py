@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
 import subprocess
 from pathlib import Path
 
 import orjson
 from kafka.admin import KafkaAdminClient, NewTopic
 
+from kvcast.daemon.sources.kafka_source import _host_port, probe_bootstrap
 from kvcast.lab.bench.processes import DaemonProcess, free_port, wait_until
 from kvcast.lab.bench.soak import FAST_FLAGS
 from tests.services import listening, tansu_binary
@@ -83,3 +85,15 @@ def test_a_broker_that_starts_later_is_consumed_by_the_same_process(tmp_path: Pa
     assert code == 0, daemon.text()
     stopped = STOPPED.search(daemon.text())
     assert stopped and stopped.group(1) == "50", daemon.text()
+
+
+def test_the_probe_reads_every_bootstrap_form_and_says_why_none_answered() -> None:
+    assert _host_port("kafka-0:9093") == ("kafka-0", 9093)
+    assert _host_port("[::1]:9093") == ("::1", 9093)
+    assert _host_port("[::1]") == ("::1", 9092)
+    assert _host_port("kafka-0") == ("kafka-0", 9092)
+    dead = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    assert probe_bootstrap(dead) == "; ".join(f"{d}: connection refused" for d in dead)
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        alive = f"127.0.0.1:{listener.getsockname()[1]}"
+        assert probe_bootstrap([dead[0], alive]) is None  # one answering is enough
