@@ -330,8 +330,10 @@ def generate_agent(
     b_base = blocks[at] - 1  # the parent's full blocks at request k
     b_first = b_base * bs + np.ceil(am.subagent_task.draw(fork, m)).astype(np.int64)
     b_turns = am.subagent_turns.draw(fork, m)
-    subs = _conversations(fork, am, b_turns, b_first, prompts)
+    # Drawn before the conversations, whose last draws are the optional prompt choices: a
+    # trace with prompts is the same trace.
     b_arrival = ts[at] + am.response_s + _sample(fork, am.subagent_delay, m)
+    subs = _conversations(fork, am, b_turns, b_first, prompts)
 
     total = n + m
     conv_row = np.concatenate((roots.conv_row, n + subs.conv_row))

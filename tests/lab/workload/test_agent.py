@@ -227,6 +227,14 @@ def test_deterministic_and_block_size_in_tokens() -> None:
     assert np.array_equal(small_blocks.blocks, -(-a.input_tokens // 512))
 
 
+def test_prompts_change_no_other_field() -> None:
+    plain = generate(preset("agent"), lambda0=0.05, conversations=200, seed=8)
+    texts = generate(preset("agent"), lambda0=0.05, conversations=200, seed=8, prompts=True)
+    assert plain.lineage is not None and (plain.lineage.parent >= 0).any()  # sub-agents too
+    for a, b in zip(plain.events(), texts.events(), strict=True):
+        assert b.pop("prompt") and a == b
+
+
 def test_cached_tokens_are_block_level_lru_hits() -> None:
     trace = generate(
         preset("agent"), lambda0=0.05, conversations=30, seed=6, cached_capacity_blocks=2000
