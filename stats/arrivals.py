@@ -2,11 +2,12 @@
 
 Kept as per-second event-time counters (additive, mergeable). The rate window is the
 ``rate_window_s`` whole seconds ending with the second of the newest conversation start:
-``[floor(newest) - rate_window_s + 1, floor(newest)]``. lambda0 is the number of turn-1 events
-in it divided by ``min(rate_window_s, newest - first)`` seconds, where ``first``/``newest``
-are the earliest/latest turn-1 timestamps seen; fewer than two starts (or a zero span) leave it
-undefined. The observed hit ratio sums ``cached_tokens`` and ``input_tokens`` of the events
-that report ``cached_tokens``, over the same seconds.
+``[floor(newest) - rate_window_s + 1, floor(newest)]``. lambda0 is the number of conversation
+starts in it (turn-1 events, and later turns that start their conversation anew,
+``ConversationTracker.restarted``) divided by ``min(rate_window_s, newest - first)`` seconds,
+where ``first``/``newest`` are the earliest/latest starts seen; fewer than two starts (or a
+zero span) leave it undefined. The observed hit ratio sums ``cached_tokens`` and
+``input_tokens`` of the events that report ``cached_tokens``, over the same seconds.
 """
 
 from __future__ import annotations
@@ -41,10 +42,11 @@ class ArrivalStats:
     newest_start: float = -math.inf
     start_count: int = 0
 
-    def observe(self, event: Event) -> None:
-        """Count one accepted (not duplicate, not late) event."""
+    def observe(self, event: Event, restarted: bool = False) -> None:
+        """Count one accepted (not duplicate, not late) event; ``restarted``: it started its
+        conversation anew at a later turn (a new context), a start as a turn 1 is."""
         cached_tokens = event.cached_tokens
-        is_start = event.turn == 1
+        is_start = event.turn == 1 or restarted
         if not is_start and cached_tokens is None:
             return
         timestamp = event.timestamp

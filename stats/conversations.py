@@ -149,6 +149,9 @@ class ConversationTracker:
         self._id_expiry = _SecondBuckets()
         self._newest_ts = -math.inf
         self.changes: TrackerChanges | None = TrackerChanges() if track_changes else None
+        # Whether the last accepted event started its conversation anew (a new context, see
+        # observe): a conversation start for the arrival rate, as a turn 1 is.
+        self.restarted = False
         # Hot-path copies of the (frozen) configuration.
         self._lateness = config.allowed_lateness_s
         self._timeout = config.completion_timeout_s
@@ -258,8 +261,19 @@ class ConversationTracker:
         blocks = -(-input_tokens // self._block_size)
         hashes = event.block_hashes
         held = None
+        restarted = False
         if hashes:
             newest = conversation is None or event.turn >= max(conversation.turns)
+            if (
+                conversation is not None
+                and newest
+                and not self.shared_index.continues(hashes, conversation.held)
+            ):
+                # A new context (compacted, edited): the cached chain ends with the turn before,
+                # and the new one is a conversation start as a turn 1 is (the arrival rate).
+                self._release(open_.pop(session_id), completed)
+                conversation = None
+                restarted = True
             run, held = self.shared_index.observe(
                 session_id,
                 timestamp,
@@ -290,6 +304,7 @@ class ConversationTracker:
             conversation.last_ts = timestamp
             self._deadlines.add(_floor(timestamp + timeout), session_id)
 
+        self.restarted = restarted
         if timestamp > self._newest_ts:
             self._newest_ts = timestamp
             # max(newest, clock) + skew: the clock's part is already in the bound.

@@ -104,7 +104,7 @@ class StatsEngine:
         outcome, completed = self.tracker.observe(event, intent)
         if outcome == "accepted":
             self.counters.processed += 1
-            self.arrivals.observe(event)
+            self.arrivals.observe(event, self.tracker.restarted)
         elif outcome == "duplicate":
             self.counters.duplicates += 1
         else:

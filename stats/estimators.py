@@ -19,7 +19,7 @@ from kvcast.stats.sample import WorkloadSample
 VARIANTS = ("paper", "paper_whole", "intent", "state", "sample")
 SHARED_VARIANTS = ("state", "sample")  # per-revisit sizes, so they can be taken net of sharing
 DISPLACEMENTS = ("whole", "hashable")
-REFINEMENTS = ("none", "tagged", "fluctuation")
+REFINEMENTS = ("none", "tagged", "fluctuation", "partial")
 # The product's ``hit_ratio``: chosen by measured error against Algorithm 1 (docs/validation.md).
 DEFAULT_VARIANT = "state"
 DEFAULT_DISPLACEMENT = "whole"
@@ -93,9 +93,11 @@ def sample_model(
         L=L,
         tagged_blocks=R if refinement == "tagged" else None,
     )
-    if refinement != "fluctuation":
+    if refinement not in ("fluctuation", "partial"):
         return model
-    return FluctuationModel(model, W, v, R, EB2=final_blocks_second_moment(sample))
+    return FluctuationModel(
+        model, W, v, R, EB2=final_blocks_second_moment(sample), partial=refinement == "partial"
+    )
 
 
 def shared_gaps(
@@ -116,7 +118,7 @@ def shared_model(
     displacement: str = DEFAULT_DISPLACEMENT,
     refinement: str = DEFAULT_REFINEMENT,
     instances: int = 1,
-) -> EmpiricalModel:
+) -> HitRatioModel:
     """The forecast with shared blocks (docs/validation.md, "Shared prefixes").
 
     One LRU characteristic time for two kinds of content: each conversation's own blocks
@@ -135,9 +137,10 @@ def shared_model(
             f"the shared-prefix forecast takes variant {' or '.join(SHARED_VARIANTS)}, "
             f"got {variant!r}"
         )
-    if refinement not in ("none", "tagged"):
+    if refinement not in ("none", "tagged", "partial"):
         raise ValueError(
-            f"the shared-prefix forecast takes refinement none or tagged, got {refinement!r}"
+            "the shared-prefix forecast takes refinement none, tagged or partial, "
+            f"got {refinement!r}"
         )
     tot = sample.total()
     L = tot.conversations
@@ -148,15 +151,24 @@ def shared_model(
     own = np.maximum(np.asarray(sample.prev_blocks, dtype=np.float64) - shared_prev, 0.0)
     W, w, v = revisit_weights(replace(sample, prev_blocks=own), variant, displacement)
     gaps, counts = shared_gaps(sample, instances)
-    return EmpiricalModel(
+    delays, moves, hits = (
         np.concatenate((W, gaps)),
         np.concatenate((w, counts)),
         np.concatenate((v, counts)),
+    )
+    sizes = np.concatenate((own, np.zeros_like(gaps)))  # a shared block is no conversation's
+    model = EmpiricalModel(
+        delays,
+        moves,
+        hits,
         lam=lam,
         E_B=(tot.sum_B - tot.sum_S_B + tot.shared_born) / L if L else 0.0,
         A_R=tot.sum_R / L if L else 0.0,
         L=L,
-        tagged_blocks=np.concatenate((own, np.zeros_like(gaps)))
-        if refinement == "tagged"
-        else None,
+        tagged_blocks=sizes if refinement == "tagged" else None,
+    )
+    if refinement != "partial":
+        return model
+    return FluctuationModel(
+        model, delays, hits, sizes, EB2=final_blocks_second_moment(sample), partial=True
     )

@@ -16,6 +16,23 @@ With the tagged size, revisit k hits iff ``D(W_k) + R_k <= N``; taking ``D`` Gau
 
 ``E[B^2]`` (final-turn blocks squared) is rebuilt from the per-turn revisit records, assuming a
 turn's size does not depend on whether the conversation continues (exact for the generator).
+
+**Partial residency** (``partial=True``, the ``partial`` refinement). The rule above is all or
+nothing: a conversation's R_k blocks are resident only if all of them fit behind ``D``. A
+block-level prefix cache evicts a chain's tail first (SGLang's radix tree evicts leaves; vLLM
+frees a request's blocks tail first), so the conversation keeps the *prefix* that fits:
+``clip(N - D, 0, R_k)`` blocks, of which it reuses at most ``v_k``. Where one context is a
+sizeable fraction of the cache (agent traffic: contexts of 100+ K tokens against a cache of a
+few of them) that prefix is most of what is hit, and the all-or-nothing rule forecasts 0 where
+LRU hits. With ``X = N - D`` Gaussian of mean ``N - d(W_k)`` and variance ``v(W_k)``::
+
+    E[min(v_k, X^+)] = G(N - d(W_k)) - G(N - d(W_k) - v_k),
+    G(m) = m Phi(m / s) + s phi(m / s),  s = sqrt(v(W_k))
+
+(``G(m) = E[(m + s Z)^+]``; ``G(m) - G(m - v)`` is the integral of ``Phi(x / s)`` over
+``[m - v, m]``, so h is smooth and increasing in N), and ``h(N)`` is their sum over revisits
+over ``L A_R``. For small contexts it reduces to the tagged rule with fluctuations, the
+conversation's own size counted as half (``v_k Phi((N - d - v_k / 2) / s)`` to first order).
 """
 
 from __future__ import annotations
@@ -28,6 +45,7 @@ from scipy.special import ndtr
 from kvcast.stats.meanfield import EmpiricalModel
 from kvcast.stats.sample import WorkloadSample
 
+_SQRT_2PI = float(np.sqrt(2.0 * np.pi))
 # Capacities evaluated per chunk of the vectorised Phi sum (bounds memory to ~16 MB).
 _CHUNK_CELLS = 2_000_000
 
@@ -71,12 +89,22 @@ def final_blocks_second_moment(sample: WorkloadSample) -> float:
     return total / L
 
 
+def _expected_excess(m: NDArray[np.float64], sd: NDArray[np.float64]) -> NDArray[np.float64]:
+    """``G(m) = E[(m + sd Z)^+]`` elementwise (blocks), Z standard normal; ``max(m, 0)`` at sd 0."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = m / sd
+        g = m * ndtr(z) + sd * np.exp(-0.5 * z * z) / _SQRT_2PI
+    return np.where(sd > 0, g, np.maximum(m, 0.0))
+
+
 class FluctuationModel:
     """Tagged size plus Gaussian displacement fluctuations over an ``EmpiricalModel``.
 
     ``base`` supplies d(T), T_C and the ceiling; ``delays_s``, ``hit_blocks`` and
     ``tagged_blocks`` are per revisit k (s, blocks, blocks); ``EB2`` is E[B^2] (blocks^2).
-    h(N) is smooth and increasing in N; a curve costs O(points x revisits).
+    ``partial``: a revisit reuses the prefix that fits, ``min(v_k, (N - D)^+)`` blocks, instead
+    of all or nothing (module docstring). h(N) is smooth and increasing in N; a curve costs
+    O(points x revisits).
     """
 
     def __init__(
@@ -87,16 +115,21 @@ class FluctuationModel:
         tagged_blocks: ArrayLike,
         *,
         EB2: float,
+        partial: bool = False,
     ) -> None:
         self.base = base
+        self.partial = partial
         W = np.asarray(delays_s, dtype=np.float64).ravel()
         R = np.broadcast_to(np.asarray(tagged_blocks, dtype=np.float64), W.shape)
         v = np.broadcast_to(np.asarray(hit_blocks, dtype=np.float64), W.shape)
         norm = base.L * base.A_R
-        self._key_all = base.displacement(W) + R
+        # Partial: the capacity from which revisit k starts to hit (its own size not counted).
+        self._key_all = base.displacement(W) + (0.0 if partial else R)
         self._sd_all = np.sqrt(np.maximum(self._variance(W, R, EB2), 0.0))
+        self._v_all = np.array(v)
         keep = v > 0  # revisits that reuse nothing do not move h
-        self._key, self._sd = self._key_all[keep], self._sd_all[keep]
+        self._key, self._sd, self._v = self._key_all[keep], self._sd_all[keep], self._v_all[keep]
+        self._norm = norm
         self._weight = v[keep] / norm if norm > 0 else np.zeros(int(keep.sum()))
 
     def _variance(
@@ -124,21 +157,37 @@ class FluctuationModel:
         return self.base.hit_ratio_at_time(t)
 
     def hit_ratio(self, capacity: ArrayLike) -> NDArray[np.float64]:
-        """h(N) = sum_k v_k Phi((N - key_k) / sd_k) / (L A_R); a point mass where sd_k = 0."""
+        """h(N) = sum_k v_k Phi((N - key_k) / sd_k) / (L A_R), a point mass where sd_k = 0;
+        partial: sum_k (G(N - key_k) - G(N - key_k - v_k)) / (L A_R)."""
         n = np.asarray(capacity, dtype=np.float64)
         flat = n.ravel()
         out = np.empty(flat.size)
+        if self._key.size == 0 or self._norm <= 0:
+            out[:] = 0.0
+            return out.reshape(n.shape)
         step = max(1, _CHUNK_CELLS // max(self._key.size, 1))
         for i in range(0, flat.size, step):
             z = flat[i : i + step, None] - self._key[None, :]
+            if self.partial:
+                sd = self._sd[None, :]
+                reused = _expected_excess(z, sd) - _expected_excess(z - self._v[None, :], sd)
+                out[i : i + step] = reused.sum(axis=1) / self._norm
+                continue
             with np.errstate(divide="ignore", invalid="ignore"):
                 p = np.where(self._sd > 0, ndtr(z / self._sd), (z >= 0).astype(np.float64))
             out[i : i + step] = p @ self._weight
         return out.reshape(n.shape)
 
     def resident_probability(self, capacity: float) -> NDArray[np.float64]:
-        """P(D(W_k) + R_k <= N) per revisit k, in input order."""
+        """P(D(W_k) + R_k <= N) per revisit k, in input order; partial: the expected share of
+        v_k that is resident (1 where v_k is 0 and the revisit's start fits)."""
         z = float(capacity) - self._key_all
+        if self.partial:
+            reused = _expected_excess(z, self._sd_all) - _expected_excess(
+                z - self._v_all, self._sd_all
+            )
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return np.where(self._v_all > 0, reused / self._v_all, (z >= 0).astype(float))
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(self._sd_all > 0, ndtr(z / self._sd_all), (z >= 0).astype(np.float64))
 
@@ -151,7 +200,7 @@ class FluctuationModel:
             return 0.0
         if target >= self.upper_bound or self._key.size == 0:
             return None
-        hi = float(np.max(self._key + 10.0 * self._sd)) + 1.0
+        hi = float(np.max(self._key + self._v + 10.0 * self._sd)) + 1.0
         if float(self.hit_ratio(hi)) < target:
             return None
         if float(self.hit_ratio(0.0)) >= target:

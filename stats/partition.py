@@ -163,7 +163,7 @@ class PartitionEngine:
         outcome, completed = self.tracker.observe(event, intent)
         if outcome == "accepted":
             self._counters.processed += 1
-            self._arrivals.observe(event)
+            self._arrivals.observe(event, self.tracker.restarted)
         elif outcome == "duplicate":
             self._counters.duplicates += 1
         else:

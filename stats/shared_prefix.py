@@ -210,6 +210,22 @@ class SharedPrefixIndex:
                     del owners[block]
         return run, tuple(mine)
 
+    def continues(self, hashes: list[BlockId], held: tuple[BlockId, ...]) -> bool:
+        """Whether a request of ``hashes`` repeats any block its conversation holds, bar the
+        partly filled last one (True when that cannot be told: less than two held).
+
+        False is a conversation that starts its context anew (an agent that compacts it into
+        a summary, a user who edits the first message): nothing of its cached chain can be
+        reused, so the tracker ends the conversation there and starts another.
+        """
+        if len(held) < 2 or not self.capacity or not hashes:
+            return True
+        _, pick = self._pick(len(hashes))
+        indexed = hashes if pick is None else pick(hashes)
+        if held[0] in indexed:  # the usual case, found within the first few ids
+            return True
+        return not set(held[:-1]).isdisjoint(indexed)
+
     def _pick(self, blocks: int) -> tuple[list[int], Callable[[list], tuple] | None]:
         """The indexed positions of a ``blocks``-block request and a getter of their ids
         (None: every block is indexed)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -315,3 +316,51 @@ def test_without_block_hashes_the_table_has_no_shared_law() -> None:
     index = PriorityIndex(doc)
     assert not index.has_shared
     assert index.curve(SHARED_INTENT, 1) is index.default_curve()
+
+
+def _turn(session: str, turn: int, ts: float, ids: list[int]) -> dict:
+    return {"session_id": session, "turn": turn, "timestamp": ts,
+            "input_tokens": 16 * len(ids) - 8, "output_tokens": 5, "block_hashes": ids}  # fmt: skip
+
+
+def test_a_request_that_repeats_none_of_its_conversations_blocks_starts_another() -> None:
+    # An agent compacting its context: the system prompt (1-4, shared) and a summary (50-53)
+    # start a new chain; the cache can reuse nothing of blocks 10-16, so the statistics must
+    # not count turn 3 as revisiting them (it did: a ceiling 0.05 over block-level LRU).
+    prompt = [1, 2, 3, 4]
+    events = [
+        _turn("other", 1, 0.0, [*prompt, 90, 91]),
+        _turn("a", 1, 1.0, [*prompt, 10, 11, 12]),
+        _turn("a", 2, 2.0, [*prompt, 10, 11, 12, 13, 14]),
+        _turn("a", 3, 3.0, [*prompt, 50, 51, 52, 53]),
+        _turn("a", 4, 4.0, [*prompt, 50, 51, 52, 53, 54, 55]),
+    ]
+    sample = engine_of(events).snapshot().sample
+    total = sample.total()
+    assert total.conversations == 3  # "other", "a" up to turn 2, "a" from turn 3
+    # Revisits: turn 2 (of turn 1's 7 blocks) and turn 4 (of turn 3's 8); none into turn 3.
+    assert sorted(sample.prev_blocks.tolist()) == [7, 8]
+    assert total.sum_R == sum(len(e["block_hashes"]) for e in events)
+
+
+def test_a_request_that_repeats_part_of_its_context_continues_it() -> None:
+    prompt = [1, 2, 3, 4]
+    events = [
+        _turn("other", 1, 0.0, [*prompt, 90]),
+        _turn("a", 1, 1.0, [*prompt, 10, 11, 12]),
+        _turn("a", 2, 2.0, [*prompt, 10, 11, 12, 13, 14]),
+        _turn("a", 3, 3.0, [*prompt, 10, 60, 61]),  # an edit after block 10: a partial reuse
+    ]
+    sample = engine_of(events).snapshot().sample
+    assert sample.total().conversations == 2
+    assert sorted(sample.prev_blocks.tolist()) == [7, 9]
+
+
+def test_with_the_index_off_a_new_context_stays_in_its_conversation() -> None:
+    prompt = [1, 2, 3, 4]
+    events = [
+        _turn("a", 1, 1.0, [*prompt, 10, 11, 12]),
+        _turn("a", 2, 2.0, [*prompt, 50, 51, 52]),
+    ]
+    off = engine_of(events, replace(WHOLE_INPUT, shared_index_blocks=0))
+    assert off.snapshot().sample.total().conversations == 1
