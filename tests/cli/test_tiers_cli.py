@@ -167,3 +167,43 @@ def test_run_bad_tiers_are_named(
     config.write_text(content)
     code, out = run("run", "--config", str(config), *args, "--print-config")
     assert code == 2 and message in out and "Traceback" not in out, out
+
+
+def test_the_worked_example_in_docs_tiers_prints_its_figures(tmp_path: Path) -> None:
+    """docs/tiers.md's example: 512 GiB of host behind 8 x 80 GiB, on the Mooncake trace."""
+    root = Path(__file__).resolve().parents[2]
+    doc = (root / "docs" / "tiers.md").read_text()
+    events = tmp_path / "mooncake.jsonl"
+    code, out = run(
+        "convert", str(root / "data/traces/mooncake_synthetic_trace.jsonl"), str(events),
+        "--format", "mooncake",
+    )  # fmt: skip
+    assert code == 0, out
+    stack = ["--block-size", "512", "--capacity-blocks", "2851", "--tier", "host=3276"]
+    figures = {}
+    for mode in ("exclusive", "inclusive"):
+        code, out = run(
+            "forecast", "--from-replay", str(events), *stack, "--tier-mode", mode, "--json"
+        )
+        assert code == 0, out
+        figures[("forecast", mode)] = [t["hit_ratio"] for t in orjson.loads(out)["tiers"]]
+        code, out = run(
+            "simulate", str(events), "--granularity", "block", *stack, "--tier-mode", mode,
+            "--warmup-fraction", "0", "--cooldown-fraction", "0", "--json",
+        )  # fmt: skip
+        assert code == 0, out
+        tiers = orjson.loads(out.splitlines()[-1])["tiers"]
+        figures[("simulator", mode)] = [t["hit_ratio"] for t in tiers]
+    forecast_row = next(line for line in doc.splitlines() if line.startswith("| forecast"))
+    simulator_row = next(line for line in doc.splitlines() if line.startswith("| tiered simulator"))
+    for (what, mode), (gpu, host) in figures.items():
+        row = forecast_row if what == "forecast" else simulator_row
+        assert f"{gpu:.3f}" in row, (what, mode, gpu, row)
+        assert f"host {host:.3f}" in row, (what, mode, host, row)
+        if mode == "exclusive":
+            assert f"{gpu + host:.3f}" in row, (what, gpu + host, row)
+    code, out = run(
+        "forecast", "--from-replay", str(events), *stack, "--target", "0.4", "--tier-for", "host",
+        "--kv-bytes-per-token", "327680", "--json",
+    )  # fmt: skip
+    assert f"{orjson.loads(out)['required_capacity']['blocks']:,} blocks" in doc
