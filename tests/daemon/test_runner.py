@@ -14,6 +14,7 @@ from kvcast.daemon.settings import DaemonSettings
 from kvcast.daemon.sources import ReplaySource
 from kvcast.daemon.stores import StoreUnavailable
 from kvcast.daemon.stores.memory import MemoryStore
+from kvcast.lab.bench.processes import wait_until
 from kvcast.lab.workload.generator import generate
 from kvcast.lab.workload.presets import preset
 from kvcast.stats.config import StatsConfig
@@ -70,11 +71,13 @@ def run_until_flushed(daemon: Daemon, source: ReplaySource, timeout_s: float = 2
 
 
 class FlakyStore(MemoryStore):
-    """A memory store that is unreachable for its first ``down_calls`` commits and loads."""
+    """A memory store that is unreachable for its first ``down_calls`` commits and loads; then,
+    when ``up_calls`` is set, answers that many and is unreachable again from then on."""
 
-    def __init__(self, down_calls: int) -> None:
+    def __init__(self, down_calls: int, up_calls: int | None = None) -> None:
         super().__init__()
         self.down_calls = down_calls
+        self.up_calls = up_calls
         self.failures = 0
 
     def _maybe_fail(self) -> None:
@@ -82,6 +85,11 @@ class FlakyStore(MemoryStore):
             self.down_calls -= 1
             self.failures += 1
             raise StoreUnavailable("injected outage")
+        if self.up_calls is not None:
+            if self.up_calls <= 0:
+                self.failures += 1
+                raise StoreUnavailable("injected outage")
+            self.up_calls -= 1
 
     def commit(self, delta):  # type: ignore[no-untyped-def]
         self._maybe_fail()
@@ -140,20 +148,24 @@ def test_consumption_pauses_while_too_much_awaits_the_store(lines: list[bytes]) 
     daemon, source, _ = make_daemon(store, lines)
     thread = threading.Thread(target=daemon.run)
     thread.start()
-    time.sleep(0.5)
-    # The first load already failed: nothing may be consumed without a checkpoint.
-    assert daemon.events_seen == 0 and source.lag() == len(lines)
-    store.down_calls = 0
-    time.sleep(0.3)
-    store.down_calls = 10**9
-    time.sleep(0.5)
-    assert daemon._uncommitted() <= SETTINGS.max_uncommitted_events
-    seen = daemon.events_seen
-    time.sleep(0.3)
-    assert daemon.events_seen == seen  # paused, not spinning through the log
-    store.down_calls = 0
-    daemon.request_stop()
-    thread.join(timeout=10)
+    try:
+        wait_until(lambda: store.failures >= 2, 30, "the partition load to be refused twice")
+        # The load failed and was retried: nothing may be consumed without a checkpoint.
+        assert daemon.events_seen == 0 and source.lag() == len(lines)
+        # Up for the load and two commits, then down for good: the loop goes on consuming up
+        # to the uncommitted bound, then pauses with part of the log still to read.
+        store.up_calls = 3
+        store.down_calls = 0
+        wait_until(lambda: daemon._paused_for_store, 30, "consumption to pause for the store")
+        assert daemon._uncommitted() <= SETTINGS.max_uncommitted_events
+        assert source.lag() > 0
+        seen, refused = daemon.events_seen, store.failures
+        wait_until(lambda: store.failures >= refused + 3, 30, "three more refused commits")
+        assert daemon.events_seen == seen  # paused while the commits retry, not spinning
+        store.up_calls = None  # the store is back: the stop drains
+    finally:
+        daemon.request_stop()
+        thread.join(timeout=10)
     assert not thread.is_alive()
 
 
