@@ -6,6 +6,7 @@ the refresher thread (``kvcast.daemon.publisher``) does the reading, publishing 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -16,7 +17,7 @@ from typing import Any
 from kvcast.daemon.settings import DaemonSettings
 from kvcast.daemon.stores import WindowState
 from kvcast.stats.config import StatsConfig
-from kvcast.stats.forecast import forecast_from_sample
+from kvcast.stats.forecast import forecast_from_sample, tier_planner
 from kvcast.stats.priority import table_content_changed, table_document
 from kvcast.stats.sample import WorkloadSample
 from kvcast.stats.snapshot import Snapshot, take_snapshot
@@ -47,24 +48,23 @@ class Refresh:
 
 
 def make_planner(sample: WorkloadSample, settings: DaemonSettings) -> Planner:
-    """The planner over one refresh's sample (the same model as its forecast); answers cached."""
+    """The planner over one refresh's sample, the same model as its forecast, solved at the
+    first query (not at every refresh); answers cached."""
+    plan = tier_planner(
+        sample,
+        settings.capacity_blocks,
+        settings.stats.block_size,
+        settings.instances,
+        kv_bytes_per_token=settings.kv_bytes_per_token,
+        tiers=settings.tiers,
+        tier_mode=settings.tier_mode,
+    )
 
     @functools.lru_cache(maxsize=PLANS_CACHED)
-    def plan(target: float, tier: str) -> dict[str, Any]:
-        forecast = forecast_from_sample(
-            sample,
-            settings.capacity_blocks,
-            settings.stats.block_size,
-            settings.instances,
-            target=target,
-            kv_bytes_per_token=settings.kv_bytes_per_token,
-            tiers=settings.tiers,
-            tier_mode=settings.tier_mode,
-            target_tier=tier,
-        )
-        return forecast.to_dict()["required_capacity"]
+    def answer(target: float, tier: str) -> dict[str, Any]:
+        return dataclasses.asdict(plan(target, tier))
 
-    return plan
+    return answer
 
 
 def compute_refresh(state: WindowState, settings: DaemonSettings, table_version: int) -> Refresh:

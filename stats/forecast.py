@@ -24,7 +24,8 @@ The defaults below were chosen by measured error against Algorithm 1 (docs/valid
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -77,6 +78,7 @@ __all__ = [
     "forecast_from_sample",
     "revisit_weights",
     "sample_model",
+    "tier_planner",
 ]
 
 
@@ -428,19 +430,14 @@ def forecast_from_sample(
         E_B=tot.sum_B / L,
         E_M=tot.sum_M / L,
     )
-    # The paper's estimator is the paper's exactly; without a rate nothing displaces.
     plain = variant == "paper" or rate_status is not None
-    model = sample_model(sample, lam, variant, displacement, "none" if plain else refinement)
+    model, conversational, with_shared = _forecast_model(
+        sample, lam, rate_status, variant, displacement, refinement, sharing, instances
+    )
     exact_paper = variant == "paper"
-    single = model if exact_paper else sample_model(sample, lam, "paper", refinement="none")
-    if sharing not in SHARINGS:
-        raise ValueError(f"sharing must be one of {', '.join(SHARINGS)}, got {sharing!r}")
-    with_shared = sharing == "auto" and sample.has_shared and variant in SHARED_VARIANTS
-    conversational = model
-    if with_shared:
-        model = shared_model(
-            sample, lam, variant, displacement, "none" if plain else refinement, instances
-        )
+    single = (
+        conversational if exact_paper else sample_model(sample, lam, "paper", refinement="none")
+    )
     forecast, t_c = _assemble(
         model, single, fields, capacities, target, kv_bytes_per_token, rate_status, **tiered
     )
@@ -466,6 +463,89 @@ def forecast_from_sample(
             "paper/hashable/none": forecast.hit_ratio_single_class,
         },
     )
+
+
+def _forecast_model(
+    sample: WorkloadSample,
+    lam: float,
+    rate_status: str | None,
+    variant: str,
+    displacement: str,
+    refinement: str,
+    sharing: str,
+    instances: int,
+) -> tuple[HitRatioModel, HitRatioModel, bool]:
+    """``hit_ratio``'s model, the conversations-only one, and whether shared blocks are in."""
+    if sharing not in SHARINGS:
+        raise ValueError(f"sharing must be one of {', '.join(SHARINGS)}, got {sharing!r}")
+    # The paper's estimator is the paper's exactly; without a rate nothing displaces.
+    plain = variant == "paper" or rate_status is not None
+    refined = "none" if plain else refinement
+    conversational = sample_model(sample, lam, variant, displacement, refined)
+    with_shared = sharing == "auto" and sample.has_shared and variant in SHARED_VARIANTS
+    if not with_shared:
+        return conversational, conversational, False
+    return (
+        shared_model(sample, lam, variant, displacement, refined, instances),
+        conversational,
+        True,
+    )
+
+
+def tier_planner(
+    sample: WorkloadSample,
+    capacity_blocks: float,
+    block_size: int = 16,
+    instances: int = 1,
+    *,
+    kv_bytes_per_token: float | None = None,
+    tiers: Sequence[Tier] = (),
+    tier_mode: str = DEFAULT_TIER_MODE,
+    variant: str = DEFAULT_VARIANT,
+    displacement: str = DEFAULT_DISPLACEMENT,
+    refinement: str = DEFAULT_REFINEMENT,
+    sharing: str = "auto",
+) -> Callable[[float, str], RequiredCapacity]:
+    """``plan(target, tier)``: exactly ``forecast_from_sample(sample, ..., target=target,
+    target_tier=tier).required_capacity``, with the model solved once, at the first call (a
+    query then costs a search, not a forecast). ValueError for a bad target or tier."""
+    tiers = tuple(tiers)
+    _validate(
+        capacity_blocks, block_size, instances, sample.lambda0, None, None, kv_bytes_per_token,
+        tiers, tier_mode,
+    )  # fmt: skip
+    if refinement not in REFINEMENTS:
+        raise ValueError(f"refinement must be one of {', '.join(REFINEMENTS)}, got {refinement!r}")
+    if variant == "paper":
+        displacement, refinement = "hashable", "none"
+    lam, rate_status = _rate(sample.lambda0, instances)
+    layers = stack(capacity_blocks, tiers)
+    names = [name for name, _ in layers]
+    empty = sample.total().conversations <= 0
+    built: list[HitRatioModel] = []
+    lock = threading.Lock()
+
+    def plan(target: float, tier: str) -> RequiredCapacity:
+        if not (0 < target < 1):
+            raise ValueError(f"target hit ratio must be strictly between 0 and 1, got {target}")
+        if tier not in names:
+            raise ValueError(f"tier {tier!r} to plan is not in the stack ({', '.join(names)})")
+        if empty:
+            return RequiredCapacity(target, None, None, "no_data", tier)
+        with lock:  # one solve however many threads ask at once
+            if not built:
+                built.append(
+                    _forecast_model(
+                        sample, lam, rate_status, variant, displacement, refinement, sharing,
+                        instances,
+                    )[0]
+                )  # fmt: skip
+        return _required(
+            built[0], target, int(block_size), kv_bytes_per_token, rate_status, layers,
+            tier_mode, tier,
+        )  # fmt: skip
+
+    return plan
 
 
 def _shared_part(

@@ -18,7 +18,7 @@ from kvcast.lab.sim.tiered_cache import measure_tiers, tiered_block_hits
 from kvcast.lab.workload.generator import generate
 from kvcast.lab.workload.presets import preset
 from kvcast.stats.delays import Exponential
-from kvcast.stats.forecast import forecast_from_moments, forecast_from_sample
+from kvcast.stats.forecast import forecast_from_moments, forecast_from_sample, tier_planner
 from kvcast.stats.sample import WorkloadSample
 from kvcast.stats.tiers import Tier, check_tiers, parse_tier
 
@@ -144,3 +144,28 @@ def test_bad_tiers() -> None:
     sample = _workload()[0]
     with pytest.raises(ValueError, match="not in the stack"):
         forecast_from_sample(sample, 100, target=0.5, target_tier="host")
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    target=st.floats(0.01, 0.99),
+    tier=st.sampled_from(["gpu", "host", "disk"]),
+    mode=st.sampled_from(["exclusive", "inclusive"]),
+)
+def test_the_planner_answers_as_the_forecast_does(target: float, tier: str, mode: str) -> None:
+    sample = _workload()[0]
+    tiers = [Tier("host", 1500), Tier("disk", 6000)]
+    plan = tier_planner(sample, 700, tiers=tiers, tier_mode=mode, kv_bytes_per_token=2048)
+    expected = forecast_from_sample(
+        sample, 700, tiers=tiers, tier_mode=mode, kv_bytes_per_token=2048, target=target,
+        target_tier=tier,
+    ).required_capacity  # fmt: skip
+    assert plan(target, tier) == expected
+
+
+def test_the_planner_refuses_bad_targets_and_tiers() -> None:
+    plan = tier_planner(_workload()[0], 700, tiers=[Tier("host", 1500)])
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        plan(1.0, "gpu")
+    with pytest.raises(ValueError, match="not in the stack"):
+        plan(0.5, "disk")
