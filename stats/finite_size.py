@@ -37,6 +37,8 @@ conversation's own size counted as half (``v_k Phi((N - d - v_k / 2) / s)`` to f
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.optimize import brentq
@@ -208,4 +210,5 @@ class FluctuationModel:
         x = float(brentq(lambda x: float(self.hit_ratio(x)) - target, 0.0, hi, xtol=1e-6))
         while float(self.hit_ratio(x)) < target:  # land on the reaching side of the root
             x += 1e-6 * max(1.0, x)
-        return x
+        whole = math.floor(x)  # a root within the solver's tolerance above a whole block
+        return float(whole) if float(self.hit_ratio(whole)) >= target else x

@@ -4,7 +4,7 @@ For every workload with cross-conversation sharing (the generator's sharing pres
 Mooncake synthetic trace converted with ``--match hashable``) the events go through the
 product's statistics path with their ``block_hashes`` (``sample_from_events``) and the forecast
 is solved three ways: with shared blocks (``hit_ratio`` when the events share), conversations
-only (``state/whole/tagged``, what ``hit_ratio`` was before), and the paper's single class. The
+only (the product's conversational estimator, what ``hit_ratio`` was before), and the paper's single class. The
 block-level LRU simulator (``kvcast simulate --granularity block --policy lru``) runs on the
 same requests, warm-up and cool-down 0.2. Errors are forecast minus simulation.
 
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from kvcast.lab.reports.validation import sample_from_events
+from kvcast.lab.reports.validation import PRODUCT, sample_from_events
 from kvcast.lab.sim.registry import simulate
 from kvcast.lab.sim.trace import SimTrace
 from kvcast.lab.traces.mooncake import BLOCK_SIZE as MOONCAKE_BLOCK_SIZE
@@ -40,7 +40,7 @@ from kvcast.lab.workload.presets import SHARING_PRESETS, preset
 from kvcast.stats.forecast import forecast_from_sample
 from kvcast.stats.sample import WorkloadSample
 
-CONVERSATIONS_ONLY = "state/whole/tagged"
+CONVERSATIONS_ONLY = PRODUCT
 SINGLE_CLASS = "paper/hashable/none"
 UNLIMITED = 10**9  # blocks: more than any trace holds
 DEFAULT_MOONCAKE = (

@@ -25,6 +25,7 @@ DETAIL = (
     "sample/whole/none",
     "state/whole/tagged",
     "sample/whole/fluctuation",
+    "state/whole/partial",
 )
 
 
