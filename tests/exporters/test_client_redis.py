@@ -17,6 +17,7 @@ import redis
 
 from kvcast.daemon.stores.redis_store import RedisStore
 from kvcast.exporters.client import RedisTableSource, TableClient
+from kvcast.lab.bench.processes import wait_until
 from tests import services
 
 pytestmark = pytest.mark.integration
@@ -88,8 +89,8 @@ def test_client_keeps_answering_through_a_redis_restart(own_redis: RedisProcess)
         assert client.version == 1
         before = client.priority("intent-0", 1, 10.0, 32)
         own_redis.stop()
-        time.sleep(3 * refresh_s)  # several failed refreshes
-        assert client.last_error is not None
+        # A refresh has failed (waited for: a fixed 1.5 s could pass before the refresher ran).
+        wait_until(lambda: client.last_error is not None, 30, "a failed refresh")
         assert client.version == 1
         assert client.priority("intent-0", 1, 10.0, 32) == before
 
@@ -150,8 +151,11 @@ def test_tables_read_while_republished_under_load_are_whole(
     threads += [threading.Thread(target=reader) for _ in range(3)]
     for thread in threads:
         thread.start()
-    time.sleep(2.0)
-    stop.set()
+    try:  # 2 s of interleaving, and on until 20 versions were written and read (loaded machine)
+        time.sleep(2.0)
+        wait_until(lambda: len(published) > 20 and reads > 20, 60, "20 writes and 20 reads")
+    finally:
+        stop.set()
     for thread in threads:
         thread.join(timeout=10)
     assert problems == []
