@@ -168,6 +168,9 @@ class Strategy:
 
     wants_evictions = False
     clock = 0.0  # per-touch value the cache records in ``tclock`` (GDSF's inflation L)
+    # Whether the strategy reads ``freq``/``tclock`` of a hit block (LFU, GDSF): without, a hit
+    # costs two list stores instead of four (they are still set on insertion).
+    wants_counts = True
 
     def bind(self, sim: BlockCache) -> None:
         """Called once before the run (read the layout and the trace here)."""
@@ -222,6 +225,7 @@ class BlockCache:
         strategy.bind(self)
         entry, begin = strategy.entry, strategy.begin
         tell = strategy.evicted if strategy.wants_evictions else None
+        counts = strategy.wants_counts
         n = len(offs) - 1
         out = [0] * n
         used = 0
@@ -255,12 +259,18 @@ class BlockCache:
                 k += 1
             out[r] = k - a
             clk = strategy.clock
-            for q in range(a, k):
-                nd = nodes[q]
-                ver[nd] += 1
-                last_occ[nd] = q
-                freq[nd] += 1
-                tclock[nd] = clk
+            if counts:
+                for q in range(a, k):
+                    nd = nodes[q]
+                    ver[nd] += 1
+                    last_occ[nd] = q
+                    freq[nd] += 1
+                    tclock[nd] = clk
+            else:
+                for q in range(a, k):
+                    nd = nodes[q]
+                    ver[nd] += 1
+                    last_occ[nd] = q
             end = min(b, a + cap)
             parent = nodes[k - 1] if k > a else -1
             flipped = False

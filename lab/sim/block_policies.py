@@ -59,17 +59,24 @@ INF = float("inf")
 
 
 class LRU(Strategy):
-    def entry(self, node: int, occ: int, now: float) -> tuple[tuple[Any, ...], float | None]:
+    wants_counts = False
+
+    def entry(self, node: int, occ: int, now: float) -> tuple[Any, float | None]:
+        # The key (r, -pos) as one int, r * stride - pos (0 <= pos < stride): the same order,
+        # compared faster in the heap than a tuple.
         r = self.req[occ]
-        return (r, self.off[r] - occ), None
+        return r * self.stride + self.off[r] - occ, None
 
     def bind(self, sim: BlockCache) -> None:
         super().bind(sim)
         self.req = flat_view(sim.request_of)
         self.off = sim.layout.offsets.tolist()
+        self.stride = int(sim.trace.blocks.max(initial=0)) + 1
 
 
 class LFU(LRU):
+    wants_counts = True
+
     def entry(self, node: int, occ: int, now: float) -> tuple[tuple[Any, ...], float | None]:
         r = self.req[occ]
         return (self.sim.freq[node], r, self.off[r] - occ), None
@@ -77,6 +84,7 @@ class LFU(LRU):
 
 class GDSF(LRU):
     wants_evictions = True
+    wants_counts = True
 
     def entry(self, node: int, occ: int, now: float) -> tuple[tuple[Any, ...], float | None]:
         r = self.req[occ]

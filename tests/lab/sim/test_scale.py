@@ -1,25 +1,30 @@
-"""The simulator's compact forms give the results of the Python-object forms they replace.
+"""The simulator's compact and fast forms give the results of the forms they replace.
 
 Block ids as one int64 array (:class:`BlockHashes`) instead of a tuple of lists, the trie built
 by depth with numpy (:func:`trie_nodes`) instead of a dict one request at a time
 (:func:`trie_layout`), flat positions read through memoryviews: the same node numbering, the
-same hit blocks of every block policy, on generated traces and on hypothesis-drawn ids.
+same hit blocks of every block policy, on generated traces and on hypothesis-drawn ids. LRU's key
+as one int and the hit counters skipped where no strategy reads them: the same hits.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcast.lab.sim.block_cache import block_layout, trie_layout, trie_nodes
+from kvcast.lab.sim.block_cache import BlockCache, Strategy, block_layout, trie_layout, trie_nodes
+from kvcast.lab.sim.block_policies import IAC, LRU, Density
+from kvcast.lab.sim.policy_tables import learn_table
 from kvcast.lab.sim.registry import get_policy
 from kvcast.lab.sim.trace import BlockHashes, SimTrace
 from kvcast.lab.workload.generator import generate
 from kvcast.lab.workload.presets import preset
+from kvcast.stats.priority import PriorityIndex
 
 POLICIES = ("lru", "lfu", "gdsf", "iac", "density", "tbs")
 
@@ -105,3 +110,29 @@ def test_packed_ids_are_the_events_ids(name: str) -> None:
     packed = trace.sim_trace().block_hashes
     assert isinstance(packed, BlockHashes)
     assert list(packed) == trace.block_hashes()
+
+
+class TupleLRU(LRU):
+    """LRU with the key it had as a tuple, ``(r, -pos)``."""
+
+    def entry(self, node: int, occ: int, now: float) -> tuple[Any, float | None]:
+        r = self.req[occ]
+        return (r, self.off[r] - occ), None
+
+
+def counting(cls: type[Strategy]) -> type[Strategy]:
+    """The strategy with the cache's hit counters kept up to date, as they all were."""
+    return type(f"Counting{cls.__name__}", (cls,), {"wants_counts": True})
+
+
+@pytest.mark.parametrize("cap", [30, 300])
+def test_lru_int_key_and_skipped_counters_change_no_hit(generated: SimTrace, cap: int) -> None:
+    layout = block_layout(generated)
+    fast = BlockCache(generated, layout).run(cap, LRU())
+    assert np.array_equal(fast, BlockCache(generated, layout).run(cap, TupleLRU()))
+    assert np.array_equal(fast, BlockCache(generated, layout).run(cap, counting(TupleLRU)()))
+    table = PriorityIndex(learn_table(generated, 0.2, capacity_blocks=cap))
+    for strategy in (IAC(table), Density(table)):
+        plain = BlockCache(generated, layout).run(cap, strategy)
+        again = counting(type(strategy))(table)
+        assert np.array_equal(plain, BlockCache(generated, layout).run(cap, again))
