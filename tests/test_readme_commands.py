@@ -181,3 +181,26 @@ def test_the_addresses_the_readme_states_are_the_defaults() -> None:
     redis, broker = re.search(r"a Redis on\s+([\d.]+:\d+) and a Kafka-protocol broker, `tansu`,"
                               r" on\s+([\d.]+:\d+)", README).groups()  # fmt: skip
     assert f"redis://{redis}/0" in services and f"KAFKA:-{broker}" in services
+
+
+def _row(page: str, starts: str) -> list[str]:
+    line = next(x for x in (ROOT / page).read_text().splitlines() if x.startswith(starts))
+    return [cell.strip() for cell in line.strip("|").split("|")]
+
+
+def test_the_cost_figures_are_the_benchmark_tables() -> None:
+    # Benchmark figures cannot be asserted by a test; the README's must at least be the ones
+    # measured and recorded with their runs (docs/engines.md, docs/performance.md).
+    readme = (ROOT / "README.md").read_text().replace("\n", " ")
+    first_p50 = _row("docs/engines.md", "| 1,000 streams, first byte, p50")[3].lstrip("+")
+    first_p99 = _row("docs/engines.md", "| 1,000 streams, first byte, p99")[3].lstrip("+")
+    chunk_p50 = _row("docs/engines.md", "| 1,000 streams, chunk latency, p50")[3].lstrip("+")
+    chunk_p99 = _row("docs/engines.md", "| 1,000 streams, chunk latency, p99")[3].lstrip("+")
+    memory = _row("docs/engines.md", "| memory per open stream")[1]
+    assert f"{first_p50} to the first byte at p50 and {first_p99.removesuffix(' ms')} ms" in readme
+    assert f"{chunk_p50.removesuffix(' ms')} ms / {chunk_p99} to each chunk" in readme
+    assert f"{memory} of memory per open stream" in readme
+    replay = _row("docs/performance.md", "| `kvcast replay FILE` as a user runs it")
+    events = re.search(r"([\d,]+) events", replay[0]).group(1)
+    ratio = replay[3].split(" ")[0]
+    assert f"`kvcast replay` of {events} events runs at {ratio} of a bare `json.loads`" in readme

@@ -194,6 +194,11 @@ def test_the_worked_example_in_docs_tiers_prints_its_figures(tmp_path: Path) -> 
         assert code == 0, out
         tiers = orjson.loads(out.splitlines()[-1])["tiers"]
         figures[("simulator", mode)] = [t["hit_ratio"] for t in tiers]
+    # The README's sentence is the same example, rounded: GPU alone to GPU + host (exclusive).
+    readme = (root / "README.md").read_text().replace("\n", " ")
+    for what in ("forecast", "simulator"):
+        gpu, host = figures[(what, "exclusive")]
+        assert f"{gpu:.2f} to {gpu + host:.2f}" in readme, (what, gpu, host)
     forecast_row = next(line for line in doc.splitlines() if line.startswith("| forecast"))
     simulator_row = next(line for line in doc.splitlines() if line.startswith("| tiered simulator"))
     for (what, mode), (gpu, host) in figures.items():
