@@ -4,9 +4,9 @@ For every workload with cross-conversation sharing (the generator's sharing pres
 Mooncake synthetic trace converted with ``--match hashable``) the events go through the
 product's statistics path with their ``block_hashes`` (``sample_from_events``) and the forecast
 is solved three ways: with shared blocks (``hit_ratio`` when the events share), conversations
-only (the product's conversational estimator, what ``hit_ratio`` was before), and the paper's single class. The
-block-level LRU simulator (``kvcast simulate --granularity block --policy lru``) runs on the
-same requests, warm-up and cool-down 0.2. Errors are forecast minus simulation.
+only (the product's conversational estimator, what ``hit_ratio`` was before), and the paper's
+single class. The block-level LRU simulator (``kvcast simulate --granularity block --policy
+lru``) runs on the same requests, warm-up and cool-down 0.2. Errors are forecast minus simulation.
 
 Rates: a generated trace's conversations start over ``duration_s`` and its branches and late
 turns run on after it, so lambda0 is measured as the daemon measures it in steady state,
