@@ -362,8 +362,8 @@ def tier_options(command: F) -> F:
         multiple=True,
         envvar="KVCAST_TIER",
         show_envvar=True,
-        help="A cache tier below the GPU tier (--capacity-blocks), e.g. host=200000 (blocks per "
-        "instance); repeat in order, top first: --tier host=200000 --tier disk=2000000.",
+        help="A cache tier below the GPU tier (--capacity-blocks) as NAME=BLOCKS, blocks per "
+        "instance; repeat in order, top first: --tier host=200000 --tier disk=2000000.",
     )(command)
 
 
