@@ -81,7 +81,10 @@ def compare(
 ) -> list[str]:
     """Differences between what ``daemon`` publishes and the offline reference (empty: equal).
 
-    Waits up to ``timeout`` s for the published table to catch up with the stored state.
+    Polls for up to ``timeout`` s until the published table, forecast and rejection counts all
+    equal the reference (each refresh publishes them from the stored state), then reports what
+    still differs. The table alone is not enough to stop on: a refresh over a window emptied
+    by a store that lost its data keeps the last good table but forecasts from the empty window.
     """
     table, forecast, rejected = reference(records, stats, capacity)
     deadline = time.monotonic() + timeout
@@ -94,10 +97,16 @@ def compare(
             time.sleep(0.3)
             continue
         metrics = rejections_from_metrics(daemon.raw("/metrics").decode())
-        equal = published_table["states"] == table["states"] and metrics == rejected
-        if equal or time.monotonic() > deadline:
-            break
+        differences = _differences(published_table, published, metrics, table, forecast, rejected)
+        if not differences or time.monotonic() > deadline:
+            return differences
         time.sleep(0.3)
+
+
+def _differences(
+    published_table: dict, published: dict, metrics: dict[str, int],
+    table: dict, forecast: dict, rejected: dict[str, int],
+) -> list[str]:  # fmt: skip
     differences = []
     if published_table["states"] != table["states"]:
         differences.append("table states")
