@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 import urllib.error
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from click.testing import CliRunner
 
 from kvcast.cli.main import cli
 from kvcast.lab.bench.openai_standin import STANDIN_FINISH
-from kvcast.lab.bench.processes import DaemonProcess
+from kvcast.lab.bench.processes import DaemonProcess, wait_until
 from kvcast.producer import EventBuilder, KafkaEventProducer
 from tests.daemon.test_classification import KeywordClassifier, run_daemon
 from tests.daemon.test_tap import SECRET, Servers
@@ -81,9 +80,7 @@ def agent_run(client: openai.OpenAI, n: int, finishes: list[str], stream: bool) 
 def recorded(servers: Servers, count: int) -> None:
     """Wait until the tap has handed ``count`` events to the producer (it records a response
     once relayed, so the client may be done first), then close the producer."""
-    deadline = time.monotonic() + 30
-    while servers.tap.counts["events_recorded"] < count and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: servers.tap.counts["events_recorded"] >= count, 30, f"{count} events")
     assert servers.tap.counts["events_recorded"] == count, servers.tap.counts
     assert servers.producer.close()["sent"] == count
 
@@ -191,17 +188,21 @@ def test_the_daemon_counts_agent_conversations_per_label_with_the_classifier_off
 
 
 def wait_for_table(daemon: DaemonProcess, conversations: int) -> dict:
-    deadline = time.monotonic() + 60
     table: dict = {}
-    while time.monotonic() < deadline:
+
+    def complete() -> bool:
+        nonlocal table
         try:
             table = daemon.get("/v1/table")
-            if table.get("window_conversations") == conversations:
-                return table
-        except urllib.error.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"table {table}\n{daemon.text()}")
+        except urllib.error.HTTPError:  # 503 until the first table
+            return False
+        return table.get("window_conversations") == conversations
+
+    try:
+        wait_until(complete, 60, f"a table of {conversations} conversations")
+    except TimeoutError as exc:
+        raise AssertionError(f"table {table}\n{daemon.text()}") from exc
+    return table
 
 
 def test_a_bad_agent_intents_flag_is_a_usage_error_naming_it(tmp_path: Path) -> None:

@@ -151,9 +151,8 @@ def test_tables_read_while_republished_under_load_are_whole(
     threads += [threading.Thread(target=reader) for _ in range(3)]
     for thread in threads:
         thread.start()
-    try:  # 2 s of interleaving, and on until 20 versions were written and read (loaded machine)
-        time.sleep(2.0)
-        wait_until(lambda: len(published) > 20 and reads > 20, 60, "20 writes and 20 reads")
+    try:  # interleaved until 100 versions were written and read, however slow the machine
+        wait_until(lambda: len(published) > 100 and reads > 100, 60, "100 writes and 100 reads")
     finally:
         stop.set()
     for thread in threads:

@@ -9,19 +9,16 @@ a sizeable share of the cache (the agent regime of issue 33).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import integrate, stats
 
+from kvcast.lab.reports.big_context_validation import tool_loop
 from kvcast.lab.reports.validation import sample_from_events
 from kvcast.lab.sim.registry import get_policy
-from kvcast.lab.workload.agent import TurnLaw
-from kvcast.lab.workload.generator import IntentModel, generate
-from kvcast.lab.workload.presets import agent
+from kvcast.lab.workload.generator import generate
 from kvcast.stats.estimators import sample_model
 from kvcast.stats.finite_size import FluctuationModel, _expected_excess
 from kvcast.stats.meanfield import EmpiricalModel
@@ -83,24 +80,9 @@ def test_it_is_increasing_bounded_and_never_below_all_or_nothing(rows: list, eb2
         assert n is not None and float(partial.hit_ratio(n)) >= target
 
 
-def _tool_loop_agents():
-    """Agents that call tools every few seconds, 6-16 requests each, 45-block contexts
-    (1,024-token blocks) on average: short-lived, so the stream is stationary within hours."""
-    model = agent()
-    am = model.agent
-    am = replace(
-        am,
-        prefix_tokens=0,
-        subagent_share=0.0,
-        turns=TurnLaw(((0.25, 6.0), (0.5, 10.0), (0.75, 16.0)), tail_alpha=3.0, max_turns=60),
-        endings=(replace(am.endings[0], share=1.0),),
-    )
-    return replace(model, intents=(IntentModel("agent_tool_call"),), weights=(1.0,), agent=am)
-
-
 def test_big_contexts_hit_the_prefix_that_fits_as_block_level_lru_does() -> None:
     duration = 20_000.0
-    trace = generate(_tool_loop_agents(), lambda0=0.05, duration_s=duration, seed=1,
+    trace = generate(tool_loop(), lambda0=0.05, duration_s=duration, seed=1,
                      block_size=1024)  # fmt: skip
     sample = sample_from_events(trace.events(), 1024)
     sim = trace.sim_trace()
