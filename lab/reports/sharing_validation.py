@@ -23,13 +23,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from kvcast.lab.reports.tasks import map_tasks
 from kvcast.lab.reports.validation import PRODUCT, sample_from_events
 from kvcast.lab.sim.registry import simulate
 from kvcast.lab.sim.trace import SimTrace
@@ -245,12 +245,7 @@ def run_sharing_validation(
     if grid.mooncake and Path(grid.mooncake).exists():
         tasks.append(("mooncake", grid.mooncake, grid))
     report = SharingReport(grid)
-    jobs = max(1, min(grid.jobs, len(tasks)))
-    if jobs > 1:
-        with ProcessPoolExecutor(jobs) as pool:
-            results = list(pool.map(_evaluate, tasks))
-    else:
-        results = [_evaluate(t) for t in tasks]
+    results = map_tasks(_evaluate, tasks, grid.jobs)
     for task, points in zip(tasks, results, strict=True):
         report.points += points
         say(f"sharing {task[1]}: {len(points)} points ({time.perf_counter() - started:.0f} s)")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from kvcast.lab.reports.sharing_validation import DEFAULT_MOONCAKE, steady_rate
+from kvcast.lab.reports.tasks import map_tasks
 from kvcast.lab.reports.validation import sample_from_events
 from kvcast.lab.sim.block_cache import block_layout
 from kvcast.lab.sim.tiered_cache import measure_tiers, tiered_block_hits
@@ -227,12 +227,7 @@ def run_tier_validation(
     if grid.mooncake and Path(grid.mooncake).exists():
         tasks.append(("mooncake", grid.mooncake, grid))
     report = TierReport(grid)
-    jobs = max(1, min(grid.jobs, len(tasks)))
-    if jobs > 1:
-        with ProcessPoolExecutor(jobs) as pool:
-            results = list(pool.map(_evaluate, tasks))
-    else:
-        results = [_evaluate(t) for t in tasks]
+    results = map_tasks(_evaluate, tasks, grid.jobs)
     for task, points in zip(tasks, results, strict=True):
         report.points += points
         say(f"tiers {task[1]}: {len(points)} points ({time.perf_counter() - started:.0f} s)")
