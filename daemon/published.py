@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from kvcast.daemon.shadow_feed import with_forecast_error
 from kvcast.exporters.view import MetricsView
+from kvcast.stats.documents import ForecastDocument, ShadowCurve, TableDocument
 from kvcast.stats.partition import PartitionDelta
 
 # The main loop must beat at least this often (s) for /healthz to say it is alive.
@@ -48,9 +48,12 @@ class Published:
         self._clock = clock
         self._extra_metrics = tuple(extra_metrics)
         self._lock = threading.Lock()
-        self._forecast: dict[str, Any] | None = None
+        # Typed documents; their JSON dicts are made at the first HTTP read of each one.
+        self._forecast: ForecastDocument | None = None
+        self._forecast_json: dict[str, Any] | None = None
         self._planner: Callable[[float, str], dict[str, Any]] | None = None
-        self._table: dict[str, Any] | None = None
+        self._table: TableDocument | None = None
+        self._table_json: dict[str, Any] | None = None
         self.table_published_at = -math.inf  # clock time of the last table publication
         self._components: dict[str, str] = {"store": "not checked yet"}
         self._heartbeat = clock()
@@ -66,14 +69,14 @@ class Published:
         self._refresh_seconds = 0.0
         self._events_per_s: float | None = None
         self._history: deque[dict[str, float | None]] = deque(maxlen=HISTORY_POINTS)
-        self._shadow: dict[str, Any] | None = None  # the shadow simulation's latest document
+        self._shadow: ShadowCurve | None = None  # the shadow simulation's latest curve
 
     # -- written by the refresher ------------------------------------------------------------
 
     def refreshed(
         self,
-        forecast: dict[str, Any],
-        table: dict[str, Any] | None,
+        forecast: ForecastDocument,
+        table: TableDocument | None,
         counters: dict[str, Any],
         seconds: float,
         planner: Callable[[float, str], dict[str, Any]] | None = None,
@@ -86,22 +89,22 @@ class Published:
             self._own_at_read = Counter(self._own) if own_at_read is None else own_at_read
             self._planner = planner
             if self._shadow is not None:  # beside the forecast, with its error against it
-                forecast = {**forecast, "shadow": with_forecast_error(self._shadow, forecast)}
-            self._forecast = forecast
+                forecast = forecast.with_shadow(self._shadow)
+            self._forecast, self._forecast_json = forecast, None
             if table is not None:
-                self._table = table
+                self._table, self._table_json = table, None
                 self.table_published_at = self._clock()
             self._counters = counters
             self._components["store"] = "ok"
             self._refresh_seconds = seconds
-            at = forecast.get("computed_at")
+            at = forecast.computed_at
             last_at = self._history[-1]["at"] if self._history else None
-            if at is not None and (last_at is None or at - last_at >= HISTORY_EVERY_S):
+            if last_at is None or at - last_at >= HISTORY_EVERY_S:
                 self._history.append(
                     {
                         "at": at,
-                        "forecast": forecast.get("hit_ratio"),
-                        "observed": forecast.get("observed_hit_ratio"),
+                        "forecast": _finite(forecast.forecast.hit_ratio),
+                        "observed": _finite(forecast.forecast.observed_hit_ratio),
                     }
                 )
 
@@ -146,10 +149,11 @@ class Published:
         return counters
 
     def set_shadow(self, document: dict[str, Any]) -> None:
-        """The shadow simulation's curve (``kvcast.daemon.shadow_feed``), published with the
-        next refresh."""
+        """The shadow simulation's curve (``kvcast.daemon.shadow_feed``'s document), published
+        with the next refresh."""
+        curve = ShadowCurve.from_dict(document)
         with self._lock:
-            self._shadow = document
+            self._shadow = curve
 
     def set_lag(self, lag: int | None) -> None:
         with self._lock:
@@ -161,13 +165,29 @@ class Published:
 
     # -- PublishedState (HTTP) ---------------------------------------------------------------
 
-    def forecast_document(self) -> dict[str, Any] | None:
+    def forecast(self) -> ForecastDocument | None:
+        """The latest forecast, typed; None before the first refresh."""
         with self._lock:
             return self._forecast
 
-    def table_document(self) -> dict[str, Any] | None:
+    def table(self) -> TableDocument | None:
+        """The latest published table, typed; None before the first publication."""
         with self._lock:
             return self._table
+
+    def forecast_document(self) -> dict[str, Any] | None:
+        """The latest forecast as its JSON document (made once per refresh; do not modify)."""
+        with self._lock:
+            if self._forecast_json is None and self._forecast is not None:
+                self._forecast_json = self._forecast.to_dict()
+            return self._forecast_json
+
+    def table_document(self) -> dict[str, Any] | None:
+        """The latest table as its JSON document (made once per table; do not modify)."""
+        with self._lock:
+            if self._table_json is None and self._table is not None:
+                self._table_json = self._table.to_dict()
+            return self._table_json
 
     def plan_capacity(self, target: float, tier: str) -> dict[str, Any] | None:
         """The ``required_capacity`` of ``tier`` for total hit ratio ``target`` (the tiers as
@@ -226,7 +246,7 @@ class Published:
                 "lag": view.lag,
                 "store": view.components.get("store"),
             }
-        forecast = view.forecast or {}
+        model = view.forecast.forecast if view.forecast is not None else None
         counters = view.counters
         return {
             "role": "primary",
@@ -234,11 +254,13 @@ class Published:
             "processed": counters.get("processed", 0),
             "rejected": counters.get("rejected", 0),
             "duplicates": counters.get("duplicates", 0),
-            "hit_ratio": forecast.get("hit_ratio"),
-            "hit_ratio_single_class": forecast.get("hit_ratio_single_class"),
-            "upper_bound": forecast.get("upper_bound"),
-            "observed_hit_ratio": forecast.get("observed_hit_ratio"),
-            "table_version": view.table["version"] if view.table else None,
+            "hit_ratio": None if model is None else _finite(model.hit_ratio),
+            "hit_ratio_single_class": None
+            if model is None
+            else _finite(model.hit_ratio_single_class),
+            "upper_bound": None if model is None else _finite(model.upper_bound),
+            "observed_hit_ratio": None if model is None else _finite(model.observed_hit_ratio),
+            "table_version": view.table.version if view.table is not None else None,
             "lag": view.lag,
             "store": view.components.get("store"),
         }
@@ -252,7 +274,7 @@ class Published:
         view = self.metrics_view()
         with self._lock:
             rate, history = self._events_per_s, list(self._history)
-        computed_at = (view.forecast or {}).get("computed_at")
+        computed_at = view.forecast.computed_at if view.forecast is not None else None
         counters = view.counters
         return {
             "ready": ready,
@@ -264,9 +286,14 @@ class Published:
             "duplicates": counters.get("duplicates", 0),
             "components": components,
             "forecast_age_s": None if computed_at is None else max(time.time() - computed_at, 0.0),
-            "table_version": view.table["version"] if view.table else None,
+            "table_version": view.table.version if view.table is not None else None,
             "history": history,
         }
+
+
+def _finite(value: float | None) -> float | None:
+    """A ratio as its JSON document has it: a plain float, None for NaN and infinities."""
+    return None if value is None or not math.isfinite(value) else float(value)
 
 
 def rate(events_per_s: float) -> str:

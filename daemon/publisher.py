@@ -20,6 +20,7 @@ from kvcast.daemon.published import Published
 from kvcast.daemon.refresh import compute_refresh, emptied, expiry_bounds, should_publish
 from kvcast.daemon.settings import DaemonSettings
 from kvcast.daemon.stores import StateStore, StoreUnavailable
+from kvcast.stats.documents import TableDocument
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +90,8 @@ class Publisher:
         started = time.perf_counter()
         state = self.store.load_window(self.settings.stats)
         own_at_read = self.published.own_commits()  # after the read: never counted twice
-        previous = self.published.table_document()
-        version = previous["version"] if previous is not None else self._stored_table_version()
+        previous = self.published.table()
+        version = previous.version if previous is not None else self._stored_table_version()
         result = compute_refresh(state, self.settings, version)
         table = result.table
         publish = should_publish(
@@ -100,8 +101,8 @@ class Publisher:
             self.settings.table_interval_s,
         )
         if publish:
-            table["version"] = version + 1
-            self.store.publish_table(table)
+            table = table.with_version(version + 1)
+            self.store.publish_table(table.to_dict())  # the store's boundary: JSON from here
             self._table_published_at = self._clock()
         self._report_emptied(previous, table, state.newest_event_time)
         bounds = expiry_bounds(state, result.snapshot, self.settings.stats)
@@ -117,7 +118,7 @@ class Publisher:
         )
 
     def _report_emptied(
-        self, previous: dict[str, Any] | None, table: dict[str, Any], newest_s: float
+        self, previous: TableDocument | None, table: TableDocument, newest_s: float
     ) -> None:
         """Say once why the published table stays while the window is empty."""
         if not emptied(previous, table):
@@ -130,7 +131,7 @@ class Publisher:
                 "within --window-max-age %g s): keeping table v%d; an event time far ahead of "
                 "the others (see kvcast_events_rejected_total{reason=\"future\"}) or a store that "
                 "lost its data does this",
-                newest_s, self.settings.stats.window_max_age_s, previous["version"],
+                newest_s, self.settings.stats.window_max_age_s, previous.version,
             )  # fmt: skip
 
     def _stored_table_version(self) -> int:

@@ -17,8 +17,9 @@ from typing import Any
 from kvcast.daemon.settings import DaemonSettings
 from kvcast.daemon.stores import WindowState
 from kvcast.stats.config import StatsConfig
+from kvcast.stats.documents import ForecastDocument, TableDocument
 from kvcast.stats.forecast import forecast_from_sample, tier_planner
-from kvcast.stats.priority import table_content_changed, table_document
+from kvcast.stats.priority import table_document
 from kvcast.stats.sample import WorkloadSample
 from kvcast.stats.snapshot import Snapshot, take_snapshot
 
@@ -39,10 +40,11 @@ def capacity_grid(capacity_blocks: int) -> list[float]:
 @dataclass(frozen=True)
 class Refresh:
     """One refresh's results: the forecast document, the table at ``version`` (not yet
-    published), and the snapshot both came from."""
+    published), and the snapshot both came from; typed until HTTP or the store serialises
+    them (``to_dict()``)."""
 
-    forecast: dict[str, Any]
-    table: dict[str, Any]
+    forecast: ForecastDocument
+    table: TableDocument
     snapshot: Snapshot
     planner: Planner | None = field(default=None, compare=False)
 
@@ -80,39 +82,45 @@ def compute_refresh(state: WindowState, settings: DaemonSettings, table_version:
         "instances": settings.instances,
         "kv_bytes_per_token": settings.kv_bytes_per_token,
     }
-    forecast = forecast_from_sample(
+    model = forecast_from_sample(
         snapshot.sample,
         capacities=capacity_grid(settings.capacity_blocks),
         tiers=settings.tiers,
         tier_mode=settings.tier_mode,
         **common,
-    ).to_dict()
-    forecast["required_capacity_by_target"] = [
-        forecast_from_sample(snapshot.sample, target=target, **common).to_dict()[
-            "required_capacity"
-        ]
-        for target in settings.target_hit_ratios
-    ]
-    forecast["event_time"] = now
-    forecast["window_conversations"] = snapshot.window_conversations
-    forecast["computed_at"] = time.time()
+    )
+    forecast = ForecastDocument(
+        forecast=model,
+        required_capacity_by_target=tuple(
+            forecast_from_sample(snapshot.sample, target=target, **common).required_capacity
+            for target in settings.target_hit_ratios
+        ),
+        event_time=now,
+        window_conversations=snapshot.window_conversations,
+        computed_at=time.time(),
+    )
     # The density policy's horizon is the forecast's T_C: engines rank with the same model.
-    t_c = forecast.get("characteristic_time_s")
-    table = table_document(
-        snapshot, config, table_version, characteristic_time_s=t_c, instances=settings.instances
+    table = TableDocument.from_dict(
+        table_document(
+            snapshot,
+            config,
+            table_version,
+            characteristic_time_s=model.characteristic_time_s,
+            instances=settings.instances,
+        )
     )
     return Refresh(forecast, table, snapshot, make_planner(snapshot.sample, settings))
 
 
-def emptied(previous: dict[str, Any] | None, table: dict[str, Any]) -> bool:
+def emptied(previous: TableDocument | None, table: TableDocument) -> bool:
     """Whether ``table`` would replace a table with states by one without any: the window
     emptied (event time jumped past every bucket, or the store lost its data)."""
-    return previous is not None and bool(previous["states"]) and not table["states"]
+    return previous is not None and bool(previous.states) and not table.states
 
 
 def should_publish(
-    previous: dict[str, Any] | None,
-    table: dict[str, Any],
+    previous: TableDocument | None,
+    table: TableDocument,
     since_published_s: float,
     table_interval_s: float,
 ) -> bool:
@@ -121,11 +129,11 @@ def should_publish(
     Nothing observed yet and nothing published before: engines use the defaults anyway. A
     table with states is never replaced by an empty one (engines keep the last good one).
     """
-    warming_up = previous is None and not table["states"] and table["version"] == 0
+    warming_up = previous is None and not table.states and table.version == 0
     return (
         not warming_up
         and not emptied(previous, table)
-        and table_content_changed(previous, table)
+        and table.content_differs(previous)
         and (previous is None or since_published_s >= table_interval_s)
     )
 

@@ -17,7 +17,6 @@ estimate of the last ``min_accesses`` kept accesses, not a committed statistic.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from kvcast.daemon.settings import DaemonSettings
@@ -88,13 +87,3 @@ class ShadowFeed:
             "cached_blocks": len(sim.stack),
             "effectively_once": False,
         }
-
-
-def with_forecast_error(shadow: dict[str, Any], forecast: dict[str, Any]) -> dict[str, Any]:
-    """``shadow`` plus ``forecast_error``: the forecast's hit ratio minus the shadow's at the
-    configured capacity (None while either is missing)."""
-    predicted, measured = forecast.get("hit_ratio"), shadow.get("hit_ratio")
-    error = None
-    if predicted is not None and measured is not None and math.isfinite(predicted):
-        error = float(predicted) - float(measured)
-    return {**shadow, "forecast_error": error}

@@ -13,6 +13,7 @@ cardinality is bounded:
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from importlib.metadata import PackageNotFoundError, version
@@ -28,6 +29,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from kvcast.exporters.view import MetricsView
+from kvcast.stats.documents import ForecastDocument, ShadowCurve, TableDocument
 
 # name -> (kind, help ending in its unit in brackets, labels); kinds: gauge, counter, info,
 # histogram. Counters are exposed with `_total`, info as `_info`.
@@ -168,17 +170,30 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "kvcast_build": ("info", "kvcast build (version label; value always 1).", ()),
 }
 
-_FORECAST_GAUGES = {
-    "kvcast_hit_ratio_forecast": "hit_ratio",
-    "kvcast_hit_ratio_forecast_single_class": "hit_ratio_single_class",
-    "kvcast_hit_ratio_upper_bound": "upper_bound",
-    "kvcast_hit_ratio_observed": "observed_hit_ratio",
-    "kvcast_characteristic_time_seconds": "characteristic_time_s",
-    "kvcast_conversation_arrival_rate": "lambda0",
-    "kvcast_capacity_blocks": "capacity_blocks",
-    "kvcast_window_conversations": "window_conversations",
-    "kvcast_event_time_seconds": "event_time",
-}
+
+def _forecast_gauges(doc: ForecastDocument) -> dict[str, float | None]:
+    """The unlabelled gauges read from a forecast document's attributes."""
+    model = doc.forecast
+    return {
+        "kvcast_hit_ratio_forecast": model.hit_ratio,
+        "kvcast_hit_ratio_forecast_single_class": model.hit_ratio_single_class,
+        "kvcast_hit_ratio_upper_bound": model.upper_bound,
+        "kvcast_hit_ratio_observed": model.observed_hit_ratio,
+        "kvcast_characteristic_time_seconds": model.characteristic_time_s,
+        "kvcast_conversation_arrival_rate": model.lambda0,
+        "kvcast_capacity_blocks": model.capacity_blocks,
+        "kvcast_window_conversations": doc.window_conversations,
+        "kvcast_event_time_seconds": doc.event_time,
+    }
+
+
+def _finite(value: float | None) -> float | None:
+    """``value`` as a float, None when unknown or not finite (such a gauge has no sample, as
+    its JSON document has null there)."""
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
 
 
 def _family(name: str) -> Any:
@@ -208,34 +223,11 @@ class KvcastCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         view = self._view()
-        forecast = view.forecast or {}
         families = {name: _family(name) for name in METRICS}
-        for name, key in _FORECAST_GAUGES.items():
-            value = forecast.get(key)
-            if value is not None:
-                families[name].add_metric([], float(value))
-        for tier in forecast.get("tiers") or []:
-            if tier.get("hit_ratio") is not None:
-                families["kvcast_hit_ratio_forecast_tier"].add_metric(
-                    [tier["name"]], float(tier["hit_ratio"])
-                )
-        for required in forecast.get("required_capacity_by_target") or []:
-            if required and required.get("blocks") is not None:
-                families["kvcast_required_capacity_blocks"].add_metric(
-                    [f"{required['target']:g}"], float(required["blocks"])
-                )
-        self._shadow(forecast.get("shadow"), families)
-        table = view.table
-        if table is not None:
-            families["kvcast_table_version"].add_metric([], float(table["version"]))
-            for state in table["states"]:
-                labels = [state["intent"], str(state["turn"])]
-                families["kvcast_continuation_probability"].add_metric(labels, state["p_continue"])
-                families["kvcast_reuse_median_seconds"].add_metric(labels, state["median_reuse_s"])
-        if forecast.get("computed_at") is not None:
-            families["kvcast_forecast_age_seconds"].add_metric(
-                [], max(time.time() - forecast["computed_at"], 0.0)
-            )
+        if view.forecast is not None:
+            self._forecast(view.forecast, families)
+        if view.table is not None:
+            self._table(view.table, families)
         counters = view.counters
         families["kvcast_events"].add_metric([], float(counters.get("processed", 0)))
         families["kvcast_events_duplicate"].add_metric([], float(counters.get("duplicates", 0)))
@@ -267,18 +259,43 @@ class KvcastCollector(Collector):
             )
         yield from families.values()
 
-    @staticmethod
-    def _shadow(shadow: dict[str, Any] | None, families: dict[str, Any]) -> None:
-        if not shadow:
-            return
-        families["kvcast_shadow_sampling_ratio"].add_metric([], float(shadow["sampling_ratio"]))
-        for point in shadow["curve"]:
-            if point["hit_ratio"] is not None:  # capacities label as whole blocks
-                families["kvcast_hit_ratio_simulated"].add_metric(
-                    [f"{point['capacity_blocks']:.0f}"], float(point["hit_ratio"])
+    @classmethod
+    def _forecast(cls, doc: ForecastDocument, families: dict[str, Any]) -> None:
+        for name, value in _forecast_gauges(doc).items():
+            if (value := _finite(value)) is not None:
+                families[name].add_metric([], value)
+        for tier in doc.forecast.tiers:
+            if (share := _finite(tier.hit_ratio)) is not None:
+                families["kvcast_hit_ratio_forecast_tier"].add_metric([tier.name], share)
+        for required in doc.required_capacity_by_target:
+            if required is not None and required.blocks is not None:
+                families["kvcast_required_capacity_blocks"].add_metric(
+                    [f"{required.target:g}"], float(required.blocks)
                 )
-        if shadow.get("forecast_error") is not None:
-            families["kvcast_forecast_error"].add_metric([], float(shadow["forecast_error"]))
+        if doc.shadow is not None:
+            cls._shadow(doc.shadow, families)
+        families["kvcast_forecast_age_seconds"].add_metric(
+            [], max(time.time() - doc.computed_at, 0.0)
+        )
+
+    @staticmethod
+    def _table(table: TableDocument, families: dict[str, Any]) -> None:
+        families["kvcast_table_version"].add_metric([], float(table.version))
+        for state in table.states:
+            labels = [state.intent, str(state.turn)]
+            families["kvcast_continuation_probability"].add_metric(labels, state.p_continue)
+            families["kvcast_reuse_median_seconds"].add_metric(labels, state.median_reuse_s)
+
+    @staticmethod
+    def _shadow(shadow: ShadowCurve, families: dict[str, Any]) -> None:
+        families["kvcast_shadow_sampling_ratio"].add_metric([], float(shadow.sampling_ratio))
+        for point in shadow.curve:
+            if point.hit_ratio is not None:  # capacities label as whole blocks
+                families["kvcast_hit_ratio_simulated"].add_metric(
+                    [f"{point.capacity_blocks:.0f}"], float(point.hit_ratio)
+                )
+        if shadow.forecast_error is not None:
+            families["kvcast_forecast_error"].add_metric([], float(shadow.forecast_error))
 
     @staticmethod
     def _classifier(classifier: dict[str, Any] | None, families: dict[str, Any]) -> None:

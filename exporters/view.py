@@ -2,13 +2,17 @@
 
 The daemon builds one per scrape (``kvcast.daemon.published.PublishedState.metrics_view``); a
 worker process of ``--workers N`` sends its own to the primary, which adds them up. Standard
-library only, so that it pickles between processes and imports nothing heavy.
+library only at import time, so that it pickles between processes and imports nothing heavy
+(the document types are for annotations; a worker's view carries no documents).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvcast.stats.documents import ForecastDocument, TableDocument
 
 # A LatencyHistogram snapshot: {"buckets": [(upper bound s, cumulative count)], "sum": s,
 # "count": n}.
@@ -19,15 +23,16 @@ Histogram = dict[str, Any]
 class MetricsView:
     """What one process publishes. Times in seconds; counts in events unless stated.
 
-    ``forecast`` and ``table`` are the published documents (None until the first refresh);
+    ``forecast`` and ``table`` are the published documents, typed (None until the first
+    refresh);
     ``counters`` the shared event counters (``processed``, ``duplicates``, ``rejected``,
     ``rejected_by_reason``); ``components`` each component's state (``"ok"`` or why not);
     ``store_latency`` a histogram per store operation; ``classifier`` its latency histogram
     and worker counters, None without a classifier.
     """
 
-    forecast: dict[str, Any] | None = None
-    table: dict[str, Any] | None = None
+    forecast: ForecastDocument | None = None
+    table: TableDocument | None = None
     counters: dict[str, Any] = field(default_factory=dict)
     commits: int = 0
     lag: int | None = None

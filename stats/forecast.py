@@ -137,6 +137,10 @@ class RequiredCapacity:
     status: str  # ok | unreachable | already_reached | no_data | no_rate | zero_rate
     tier: str = GPU
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict, as it appears under ``required_capacity`` in ``Forecast.to_dict()``."""
+        return _json_safe(asdict(self))
+
 
 @dataclass(frozen=True)
 class Forecast:

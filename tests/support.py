@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
+from kvcast.stats.documents import ForecastDocument
+from kvcast.stats.forecast import Forecast
 from kvcast.stats.native.replay import native_available
 from kvcast.stats.snapshot import Snapshot
 from tests import services
@@ -170,3 +172,19 @@ def shared_prefix_events(
             t += rng.expovariate(1 / 40.0)
     events.sort(key=lambda e: (e["timestamp"], e["turn"]))
     return events
+
+
+def forecast_doc(computed_at: float = 1_000.0, **model: Any) -> ForecastDocument:
+    """A published forecast document whose model has the given ``Forecast`` fields (the rest:
+    an intent forecast of 1,000 blocks of 16 tokens, one instance), computed at
+    ``computed_at`` (Unix s), with no target, event time or window."""
+    fields: dict[str, Any] = {
+        "status": "ok",
+        "variant": "intent",
+        "displacement": "whole",
+        "capacity_blocks": 1_000.0,
+        "block_size": 16,
+        "instances": 1,
+        **model,
+    }
+    return ForecastDocument(Forecast(**fields), (), None, 0, computed_at)

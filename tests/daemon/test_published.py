@@ -10,7 +10,7 @@ from kvcast.daemon.published import Published, format_status
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.events import parse_event
 from kvcast.stats.partition import PartitionDelta, PartitionEngine
-from tests.support import VALID
+from tests.support import VALID, forecast_doc
 
 
 def _published(*, publishing: bool) -> Published:
@@ -48,7 +48,7 @@ def test_the_operations_document_keeps_a_point_every_30_s_of_the_last_hour() -> 
     counters = {"processed": 10, "rejected": 3, "duplicates": 1,
                 "rejected_by_reason": {"too_late": 2, "missing_field": 1}}  # fmt: skip
     for k in range(2 * HISTORY_POINTS * 6):  # a refresh every 5 s for two hours
-        forecast = {"computed_at": 1_000.0 + 5 * k, "hit_ratio": 0.4, "observed_hit_ratio": None}
+        forecast = forecast_doc(computed_at=1_000.0 + 5 * k, hit_ratio=0.4)
         published.refreshed(forecast, None, counters, 0.01)
     published.status(events_per_s=250.04)
     doc = published.operations_document()
@@ -90,7 +90,7 @@ def test_counters_are_the_stores_plus_this_process_commits_since_the_refresh_rea
     mark = published.own_commits()
     stored = {"processed": 5, "rejected": 1, "rejected_by_reason": {"too_late": 1},
               "duplicates": 0}  # fmt: skip
-    published.refreshed({}, None, stored, 0.01, own_at_read=mark)
+    published.refreshed(forecast_doc(), None, stored, 0.01, own_at_read=mark)
     assert published.status(0.0)["processed"] == 5
     published.committed("t:0", _delta(3, 2, {"invalid_json": 1}))  # after it
     status, counters = published.status(0.0), published.metrics_view().counters
@@ -99,7 +99,7 @@ def test_counters_are_the_stores_plus_this_process_commits_since_the_refresh_rea
     # the next refresh read all of it: the store's figures alone again
     stored = {"processed": 8, "rejected": 2, "rejected_by_reason": {"invalid_json": 1,
               "too_late": 1}, "duplicates": 2}  # fmt: skip
-    published.refreshed({}, None, stored, 0.01, own_at_read=published.own_commits())
+    published.refreshed(forecast_doc(), None, stored, 0.01, own_at_read=published.own_commits())
     assert published.metrics_view().counters == stored
 
 

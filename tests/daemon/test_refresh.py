@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import orjson
 import pytest
@@ -23,6 +24,7 @@ from kvcast.daemon.stores.memory import MemoryStore
 from kvcast.lab.workload.generator import generate
 from kvcast.lab.workload.presets import preset
 from kvcast.stats.config import StatsConfig
+from kvcast.stats.documents import TableDocument
 from kvcast.stats.ingest import ingest
 from kvcast.stats.labeller import IntentLabeller
 from kvcast.stats.partition import PartitionEngine
@@ -104,7 +106,7 @@ def test_a_refresh_forecasts_with_the_capacity_curve_and_one_capacity_per_target
     lines: list[bytes], state: WindowState
 ) -> None:
     refresh = compute_refresh(state, SETTINGS, table_version=7)
-    forecast = refresh.forecast
+    forecast = refresh.forecast.to_dict()
     assert forecast["status"] == "ok"
     assert forecast["capacity_blocks"] == SETTINGS.capacity_blocks
     assert forecast["block_size"] == STATS.block_size
@@ -126,56 +128,56 @@ def test_a_refresh_is_stamped_with_the_newest_event_time_and_the_window_it_read(
 ) -> None:
     refresh = compute_refresh(state, SETTINGS, table_version=7)
     assert state.newest_event_time == newest_timestamp(lines)
-    assert refresh.forecast["event_time"] == state.newest_event_time
+    assert refresh.forecast.event_time == state.newest_event_time
     assert refresh.snapshot.generated_at == state.newest_event_time
     expected = take_snapshot(state.window, state.arrivals, STATS, state.newest_event_time)
     assert canonical(refresh.snapshot) == canonical(expected)
     everything = sum(bucket.conversations for bucket in state.window.buckets.values())
-    assert refresh.forecast["window_conversations"] == expected.window_conversations == everything
+    assert refresh.forecast.window_conversations == expected.window_conversations == everything
 
 
 def test_a_refresh_table_is_at_the_given_version_with_the_snapshot_states(
     state: WindowState,
 ) -> None:
     refresh = compute_refresh(state, SETTINGS, table_version=7)
-    table = refresh.table
+    table = refresh.table.to_dict()
     assert table["version"] == 7
     assert table["generated_at"] == state.newest_event_time
     assert table["max_turn"] == STATS.max_turn
     assert table["window_conversations"] == refresh.snapshot.window_conversations
     assert table["states"] == [s.to_dict() for s in refresh.snapshot.states]
     assert table["states"]
-    assert compute_refresh(state, SETTINGS, table_version=8).table["version"] == 8
+    assert compute_refresh(state, SETTINGS, table_version=8).table.version == 8
 
 
 def test_the_table_carries_the_forecasts_characteristic_time(state: WindowState) -> None:
     """The density horizon: the table's T_C is the forecast's, to three significant digits
     (so that a table is not republished for every wiggle of T_C)."""
     refresh = compute_refresh(state, SETTINGS, table_version=7)
-    t_c = refresh.forecast["characteristic_time_s"]
+    t_c = refresh.forecast.forecast.characteristic_time_s
     assert t_c is not None and t_c > 0
-    assert refresh.table["characteristic_time_s"] == float(f"{t_c:.3g}")
-    assert refresh.table["characteristic_time_s"] == pytest.approx(t_c, rel=5e-3)
+    assert refresh.table.characteristic_time_s == float(f"{t_c:.3g}")
+    assert refresh.table.characteristic_time_s == pytest.approx(t_c, rel=5e-3)
     empty = compute_refresh(MemoryStore().load_window(STATS), SETTINGS, table_version=0)
-    assert empty.table["characteristic_time_s"] is None
+    assert empty.table.characteristic_time_s is None
 
 
 def test_a_refresh_of_an_empty_store_has_no_data_and_no_event_time() -> None:
     refresh = compute_refresh(MemoryStore().load_window(STATS), SETTINGS, table_version=0)
-    forecast = refresh.forecast
+    forecast = refresh.forecast.to_dict()
     assert forecast["status"] == "no_data"
     assert forecast["event_time"] is None
     assert len(forecast["curve"]) == CURVE_POINTS
     assert all(point["hit_ratio"] is None for point in forecast["curve"])
     assert [e["status"] for e in forecast["required_capacity_by_target"]] == ["no_data"] * 3
-    assert refresh.table["version"] == 0 and refresh.table["states"] == []
+    assert refresh.table.version == 0 and refresh.table.states == ()
     orjson.dumps(forecast)
 
 
 # -- should_publish ----------------------------------------------------------------------------
 
 
-def tables(lines: list[bytes]) -> tuple[dict, dict, dict]:
+def tables(lines: list[bytes]) -> tuple[TableDocument, TableDocument, TableDocument]:
     """Tables at version 0 of: an empty store, the first half of ``lines``, all of them."""
     store = MemoryStore()
     empty = compute_refresh(store.load_window(STATS), SETTINGS, 0).table
@@ -200,13 +202,13 @@ def test_the_first_change_is_published_at_once(lines: list[bytes]) -> None:
 def test_an_empty_table_is_published_when_a_version_exists_already(lines: list[bytes]) -> None:
     empty, _, _ = tables(lines)
     # A restart that finds a published table (version 3) but no window: not a warm-up.
-    assert should_publish(None, {**empty, "version": 3}, math.inf, 10)
+    assert should_publish(None, replace(empty, version=3), math.inf, 10)
 
 
 def test_an_unchanged_content_is_never_published_again(lines: list[bytes]) -> None:
     _, half, _ = tables(lines)
-    previous = {**half, "version": 4, "generated_at": 1.0}
-    again = {**half, "version": 4, "generated_at": 99.0}  # only the time stamp moved
+    previous = replace(half, version=4, generated_at=1.0)
+    again = replace(half, version=4, generated_at=99.0)  # only the time stamp moved
     assert not should_publish(previous, again, since_published_s=1e9, table_interval_s=10)
 
 
@@ -214,8 +216,8 @@ def test_a_change_waits_for_the_table_interval_since_the_last_publication(
     lines: list[bytes],
 ) -> None:
     _, half, full = tables(lines)
-    previous = {**half, "version": 4}
-    current = {**full, "version": 4}
+    previous = replace(half, version=4)
+    current = replace(full, version=4)
     assert not should_publish(previous, current, since_published_s=9.99, table_interval_s=10)
     assert should_publish(previous, current, since_published_s=10.0, table_interval_s=10)
     assert should_publish(previous, current, since_published_s=60.0, table_interval_s=10)

@@ -17,7 +17,6 @@ from kvcast.daemon.publisher import Publisher
 from kvcast.daemon.refresh import capacity_grid
 from kvcast.daemon.runner import Daemon
 from kvcast.daemon.settings import DaemonSettings
-from kvcast.daemon.shadow_feed import with_forecast_error
 from kvcast.daemon.sources import ReplaySource
 from kvcast.daemon.stores.memory import MemoryStore
 from kvcast.exporters.metrics import KvcastCollector
@@ -27,7 +26,9 @@ from kvcast.lab.sim.trace import SimTrace
 from kvcast.lab.workload.generator import generate
 from kvcast.lab.workload.presets import preset
 from kvcast.stats.config import StatsConfig
+from kvcast.stats.documents import ShadowCurve
 from kvcast.stats.events import parse_event
+from tests.support import forecast_doc
 
 SETTINGS = DaemonSettings(
     stats=StatsConfig(completion_timeout_s=900, allowed_lateness_s=30),
@@ -107,33 +108,50 @@ def test_sampling_zero_turns_the_shadow_off(lines: list[bytes]) -> None:
     assert forecast is not None and "shadow" not in forecast
 
 
+def shadow_document(hit_ratio: float | None, curve: list[dict] | None = None) -> dict:
+    """A shadow feed document (``ShadowFeed.document()``'s keys) with this hit ratio."""
+    return {
+        "hit_ratio": hit_ratio,
+        "capacity_blocks": 300.0,
+        "curve": curve or [],
+        "sampling_ratio": 0.05,
+        "session_share": 1.0,
+        "kept_accesses": 5_000,
+        "window_start": 0.0,
+        "events": 900,
+        "cached_blocks": 12,
+        "effectively_once": False,
+    }
+
+
 def test_the_forecast_error_is_forecast_minus_shadow() -> None:
-    shadow = {"hit_ratio": 0.25, "curve": []}
-    assert with_forecast_error(shadow, {"hit_ratio": 0.4})["forecast_error"] == pytest.approx(0.15)
-    assert with_forecast_error(shadow, {"hit_ratio": None})["forecast_error"] is None
-    assert (
-        with_forecast_error({**shadow, "hit_ratio": None}, {"hit_ratio": 0.4})["forecast_error"]
-        is None
-    )
+    shadow = ShadowCurve.from_dict(shadow_document(0.25))
+    assert shadow.against(0.4).forecast_error == pytest.approx(0.15)
+    assert shadow.against(None).forecast_error is None
+    assert ShadowCurve.from_dict(shadow_document(None)).against(0.4).forecast_error is None
     published = Published(lambda: (True, "ok"))
-    published.refreshed({"hit_ratio": 0.3}, None, {}, 0.0)
+    published.refreshed(forecast_doc(hit_ratio=0.3), None, {}, 0.0)
     assert "shadow" not in (published.forecast_document() or {})  # nothing simulated yet
-    published.set_shadow(shadow)
-    published.refreshed({"hit_ratio": 0.3}, None, {}, 0.0)
+    published.set_shadow(shadow_document(0.25))
+    published.refreshed(forecast_doc(hit_ratio=0.3), None, {}, 0.0)
     assert published.forecast_document()["shadow"]["forecast_error"] == pytest.approx(0.05)
 
 
+def test_a_shadow_document_with_a_renamed_key_is_refused() -> None:
+    document = shadow_document(0.25)
+    document["sampled"] = document.pop("sampling_ratio")
+    with pytest.raises(ValueError, match=r"unknown keys \['sampled'\].*\['sampling_ratio'\]"):
+        Published(lambda: (True, "ok")).set_shadow(document)
+
+
 def test_the_shadow_metrics_come_from_the_published_shadow() -> None:
-    shadow = {
-        "hit_ratio": 0.2,
-        "curve": [
-            {"capacity_blocks": 150.5, "hit_ratio": 0.1},
-            {"capacity_blocks": 300.0, "hit_ratio": 0.2},
-            {"capacity_blocks": 600.0, "hit_ratio": None},
-        ],
-        "sampling_ratio": 0.05,
-    }
-    forecast = {"hit_ratio": 0.3, "shadow": with_forecast_error(shadow, {"hit_ratio": 0.3})}
+    curve = [
+        {"capacity_blocks": 150.5, "hit_ratio": 0.1},
+        {"capacity_blocks": 300.0, "hit_ratio": 0.2},
+        {"capacity_blocks": 600.0, "hit_ratio": None},
+    ]
+    shadow = ShadowCurve.from_dict(shadow_document(0.2, curve))
+    forecast = forecast_doc(hit_ratio=0.3).with_shadow(shadow)
     families = {
         f.name: f for f in KvcastCollector(lambda: MetricsView(forecast=forecast)).collect()
     }
@@ -143,10 +161,8 @@ def test_the_shadow_metrics_come_from_the_published_shadow() -> None:
     assert simulated == {"150": 0.1, "300": 0.2}  # nothing measured at 600 yet
     assert families["kvcast_forecast_error"].samples[0].value == pytest.approx(0.1)
     assert families["kvcast_shadow_sampling_ratio"].samples[0].value == 0.05
-    bare = {
-        f.name: f
-        for f in KvcastCollector(lambda: MetricsView(forecast={"hit_ratio": 0.3})).collect()
-    }
+    bare_view = MetricsView(forecast=forecast_doc(hit_ratio=0.3))
+    bare = {f.name: f for f in KvcastCollector(lambda: bare_view).collect()}
     for name in (
         "kvcast_hit_ratio_simulated",
         "kvcast_forecast_error",
