@@ -64,6 +64,30 @@ class EventCounters:
         }
 
 
+def apply_event(
+    tracker: ConversationTracker,
+    window: StatsWindow,
+    arrivals: ArrivalStats,
+    counters: EventCounters,
+    event: Event,
+    intent: str,
+) -> tuple[Outcome, int]:
+    """The apply step of every engine: ``tracker`` observes ``event``, ``counters`` count its
+    outcome, an accepted event's arrival goes to ``arrivals`` and the conversations it completed
+    to ``window``. Returns the outcome and how many conversations completed."""
+    outcome, completed = tracker.observe(event, intent)
+    if outcome == "accepted":
+        counters.processed += 1
+        arrivals.observe(event, tracker.restarted)
+    elif outcome == "duplicate":
+        counters.duplicates += 1
+    else:
+        counters.rejected[outcome] += 1
+    for conversation in completed:
+        window.add(conversation)
+    return outcome, len(completed)
+
+
 class StatsEngine:
     """Tracks conversations and keeps the rolling statistics of one instance."""
 
@@ -101,17 +125,10 @@ class StatsEngine:
 
     def apply(self, event: Event, intent: str) -> Outcome:
         """Apply one validated event labelled with ``intent``."""
-        outcome, completed = self.tracker.observe(event, intent)
-        if outcome == "accepted":
-            self.counters.processed += 1
-            self.arrivals.observe(event, self.tracker.restarted)
-        elif outcome == "duplicate":
-            self.counters.duplicates += 1
-        else:
-            self.counters.rejected[outcome] += 1
-        for conversation in completed:
-            self.window.add(conversation)
-        self._completions_since_expiry += len(completed)
+        outcome, completed = apply_event(
+            self.tracker, self.window, self.arrivals, self.counters, event, intent
+        )
+        self._completions_since_expiry += completed
         if self._completions_since_expiry >= EXPIRE_EVERY_COMPLETIONS:
             self._completions_since_expiry = 0
             self.window.expire(self.tracker.watermark)

@@ -24,6 +24,7 @@ from kvcast.stats.engine import (
     REJECTIONS_KEPT,
     EventCounters,
     Rejection,
+    apply_event,
     keep_rejection,
 )
 from kvcast.stats.events import Event
@@ -160,14 +161,10 @@ class PartitionEngine:
 
     def apply(self, event: Event, intent: str, offset: int) -> Outcome:
         """Apply the event found at ``offset`` (offsets must increase)."""
-        outcome, completed = self.tracker.observe(event, intent)
-        if outcome == "accepted":
-            self._counters.processed += 1
-            self._arrivals.observe(event, self.tracker.restarted)
-        elif outcome == "duplicate":
-            self._counters.duplicates += 1
-        else:
-            self._counters.rejected[outcome] += 1
+        outcome, _ = apply_event(
+            self.tracker, self._window, self._arrivals, self._counters, event, intent
+        )
+        if outcome not in ("accepted", "duplicate"):  # a rejection the tracker decided
             keep_rejection(
                 self._rejections,
                 offset,
@@ -175,8 +172,6 @@ class PartitionEngine:
                 OUTCOME_FIELDS.get(outcome),
                 self._rejections_kept,
             )
-        for conversation in completed:
-            self._window.add(conversation)
         self.offset = offset
         return outcome
 
