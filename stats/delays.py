@@ -60,9 +60,19 @@ class Exponential:
     def ppf(self, p: ArrayLike) -> NDArray[np.float64]:
         return -self.mean_s * np.log1p(-np.clip(_arr(p), 0.0, 1.0))
 
+    def pdf(self, t: ArrayLike) -> NDArray[np.float64]:
+        """Density (1/s) on t > 0; 0 elsewhere."""
+        t = _arr(t)
+        return np.where(t > 0, np.exp(-np.maximum(t, 0.0) / self.mean_s) / self.mean_s, 0.0)
+
     @property
     def mean(self) -> float:
         return self.mean_s
+
+    @property
+    def median(self) -> float:
+        """Median delay, seconds."""
+        return self.mean_s * math.log(2.0)
 
     def describe(self) -> str:
         return f"exp:{self.mean_s:g}"
@@ -97,9 +107,22 @@ class LogNormal:
     def ppf(self, p: ArrayLike) -> NDArray[np.float64]:
         return np.exp(self.mu + self.sigma * ndtri(np.clip(_arr(p), 0.0, 1.0)))
 
+    def pdf(self, t: ArrayLike) -> NDArray[np.float64]:
+        """Density (1/s) on t > 0; 0 elsewhere."""
+        t = _arr(t)
+        z = self._z(t)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            dens = np.exp(-0.5 * z * z) / (t * self.sigma * math.sqrt(2.0 * math.pi))
+        return np.where(t > 0, dens, 0.0)
+
     @property
     def mean(self) -> float:
         return math.exp(self.mu + 0.5 * self.sigma**2)
+
+    @property
+    def median(self) -> float:
+        """Median delay, seconds."""
+        return math.exp(self.mu)
 
     def describe(self) -> str:
         return f"lognormal:{self.mu:g},{self.sigma:g}"

@@ -32,34 +32,33 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import orjson
 from numpy.typing import NDArray
-from scipy.special import ndtr
 
 from kvcast.lab.workload import block_ids as bid
 from kvcast.lab.workload.prompts import prompt_text
+from kvcast.stats.delays import Exponential, LogNormal
 
 if TYPE_CHECKING:
     from kvcast.lab.sim.trace import SimTrace
-    from kvcast.stats.delays import DelayDistribution
 
 _LOGNORMAL = 1  # delay kind code in the sampling tables (0: exponential)
 
 
 @dataclass(frozen=True)
 class Delay:
-    """Inter-turn delay law, seconds: ``exp`` (``a`` = mean) or ``lognormal`` (``a`` = mu,
-    ``b`` = sigma of log seconds)."""
+    """Inter-turn delay law of a model, seconds: ``exp`` (``a`` = mean) or ``lognormal``
+    (``a`` = mu, ``b`` = sigma of log seconds). The law itself (checks, CDF, density, mean,
+    median) is ``kvcast.stats.delays``' (:meth:`distribution`); this adds scaling and draws."""
 
     kind: str
     a: float
     b: float = 0.0
+    _law: Exponential | LogNormal = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.kind not in ("exp", "lognormal"):
             raise ValueError(f"delay kind must be exp or lognormal, got {self.kind!r}")
-        if self.kind == "exp" and not self.a > 0:
-            raise ValueError("exponential delay mean must be > 0")
-        if self.kind == "lognormal" and not self.b > 0:
-            raise ValueError("log-normal sigma must be > 0")
+        law = Exponential(self.a) if self.kind == "exp" else LogNormal(self.a, self.b)
+        object.__setattr__(self, "_law", law)  # frozen: set once, here
 
     @classmethod
     def exp(cls, mean_s: float) -> Delay:
@@ -77,32 +76,41 @@ class Delay:
 
     @property
     def median_s(self) -> float:
-        return self.a * math.log(2.0) if self.kind == "exp" else math.exp(self.a)
+        return self._law.median
 
     @property
     def mean_s(self) -> float:
-        return self.a if self.kind == "exp" else math.exp(self.a + self.b**2 / 2)
+        return self._law.mean
 
-    def distribution(self) -> DelayDistribution:
-        """The same law as a ``kvcast.stats.delays`` distribution (for the forecast)."""
-        from kvcast.stats.delays import Exponential, LogNormal
-
-        return Exponential(self.a) if self.kind == "exp" else LogNormal(self.a, self.b)
+    def distribution(self) -> Exponential | LogNormal:
+        """The law as a ``kvcast.stats.delays`` distribution (what the forecast takes)."""
+        return self._law
 
     def cdf(self, x: NDArray[np.float64] | float) -> NDArray[np.float64]:
-        x = np.maximum(np.asarray(x, dtype=np.float64), 0.0)
-        if self.kind == "exp":
-            return -np.expm1(-x / self.a)
-        with np.errstate(divide="ignore"):
-            return ndtr((np.log(x) - self.a) / self.b)
+        return self._law.cdf(x)
 
     def pdf(self, x: float) -> float:
-        if x <= 0:
-            return 0.0
+        return float(self._law.pdf(x))
+
+    def sample(self, rng: np.random.Generator, size: int) -> NDArray[np.float64]:
+        """``size`` delays (s) from one standard stream of ``rng`` (exponential or normal)."""
         if self.kind == "exp":
-            return math.exp(-x / self.a) / self.a
-        z = (math.log(x) - self.a) / self.b
-        return math.exp(-z * z / 2) / (x * self.b * math.sqrt(2 * math.pi))
+            return self.a * rng.standard_exponential(size)
+        return np.exp(self.a + self.b * rng.standard_normal(size))
+
+
+def _delays(
+    lognormal: NDArray[np.bool_],
+    a: NDArray[np.float64],
+    b: NDArray[np.float64],
+    expo: NDArray[np.float64],
+    norm: NDArray[np.float64],
+) -> NDArray[np.float64]:
+    """Delays (s) of rows with their own laws, from standard exponential and normal draws:
+    ``a * expo`` (``a`` the mean), or ``exp(a + b * norm)`` where ``lognormal``."""
+    w = a * expo
+    w[lognormal] = np.exp(a[lognormal] + b[lognormal] * norm[lognormal])
+    return w
 
 
 @dataclass(frozen=True)
@@ -559,9 +567,7 @@ def _draw_rows(
 
     expo = rng.standard_exponential(rows)
     norm = rng.standard_normal(rows)
-    a, b, logn = tab.da[ir, ti], tab.db[ir, ti], tab.dkind[ir, ti] == _LOGNORMAL
-    w = a * expo
-    w[logn] = np.exp(a[logn] + b[logn] * norm[logn])
+    w = _delays(tab.dkind[ir, ti] == _LOGNORMAL, tab.da[ir, ti], tab.db[ir, ti], expo, norm)
     w[turn_row == turns[conv_row]] = 0.0  # no delay after the last turn
     offset = _within(w, starts, conv_row)
 
@@ -569,12 +575,6 @@ def _draw_rows(
     output = rng.geometric(1.0 / tab.out_mean[ir]).astype(np.int64)
     choice = rng.integers(0, 1 << 30, rows) if prompts else None
     return _Rows(turns, conv_row, turn_row, own, offset, fill, output, choice)
-
-
-def _sample_delay(rng: np.random.Generator, law: Delay, size: int) -> NDArray[np.float64]:
-    if law.kind == "exp":
-        return law.a * rng.standard_exponential(size)
-    return np.exp(law.a + law.b * rng.standard_normal(size))
 
 
 def _concat(a: NDArray | None, b: NDArray | None) -> NDArray | None:
@@ -671,7 +671,7 @@ def generate(
         b_base = blocks[at] - 1
         b_intent = intent[b_parent]
         b_rows = _draw_rows(fork, tab, b_intent, block_size, prompts)
-        b_arrival = ts[at] + _sample_delay(fork, br.delay, b_parent.size)
+        b_arrival = ts[at] + br.delay.sample(fork, b_parent.size)
         m = b_parent.size
         conv_row = np.concatenate((conv_row, n + b_rows.conv_row))
         turn_row = np.concatenate((turn_row, b_rows.turn_row))

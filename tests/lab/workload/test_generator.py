@@ -166,3 +166,25 @@ def test_per_turn_laws_and_validation() -> None:
         preset("nope")
     with pytest.raises(ValueError):
         IntentModel("x", block_mean=0.5)
+
+
+@pytest.mark.parametrize("law", [Delay.exp(135.0), Delay.lognormal(4.6, 1.0)])
+def test_a_delay_law_is_the_stats_distribution(law: Delay) -> None:
+    """The workload's laws are the forecast's (kvcast.stats.delays), not a copy of them."""
+    dist = law.distribution()
+    x = np.array([0.0, 3.9, 135.0, 1e4])
+    assert law.cdf(x).tolist() == dist.cdf(x).tolist()
+    assert (law.mean_s, law.median_s) == (dist.mean, dist.median)
+    assert law.pdf(60.0) == float(dist.pdf(60.0))
+    with pytest.raises(ValueError, match="positive"):
+        Delay.exp(float("inf"))
+    with pytest.raises(ValueError, match="kind"):
+        Delay("weibull", 1.0)
+
+
+def test_a_delay_draws_from_one_standard_stream() -> None:
+    exp, logn = Delay.exp(10.0), Delay.lognormal(3.0, 0.5)
+    want_exp = 10.0 * np.random.default_rng(4).standard_exponential(5)
+    want_logn = np.exp(3.0 + 0.5 * np.random.default_rng(4).standard_normal(5))
+    assert exp.sample(np.random.default_rng(4), 5).tolist() == want_exp.tolist()
+    assert logn.sample(np.random.default_rng(4), 5).tolist() == want_logn.tolist()
