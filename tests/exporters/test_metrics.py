@@ -6,11 +6,14 @@ the real HTTP server and is parsed with Prometheus's own text parser.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import threading
 import time
 import urllib.request
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,10 +26,21 @@ from kvcast.daemon.sources import ReplaySource
 from kvcast.daemon.stores.instrumented import InstrumentedStore
 from kvcast.daemon.stores.memory import MemoryStore
 from kvcast.exporters.http_server import HttpServer
-from kvcast.exporters.metrics import METRICS, build_registry
+from kvcast.exporters.metrics import METRICS, KvcastCollector, build_registry
+from kvcast.exporters.view import MetricsView
 from kvcast.lab.workload.generator import generate
 from kvcast.lab.workload.presets import preset
 from kvcast.stats.config import StatsConfig
+from kvcast.stats.documents import (
+    ForecastDocument,
+    ShadowCurve,
+    TableDefaults,
+    TableDocument,
+    TableState,
+)
+from kvcast.stats.forecast import RequiredCapacity
+from kvcast.stats.tiers import TierForecast
+from tests.support import forecast_doc
 
 # SPEC section 6: these names (and their types) are a contract.
 SPEC_METRICS = {
@@ -190,3 +204,99 @@ def _start_time(pid: int) -> float:
     with open("/proc/stat") as handle:
         boot = next(int(line.split()[1]) for line in handle if line.startswith("btime"))
     return boot + started_ticks / os.sysconf("SC_CLK_TCK")
+
+
+# -- the collector on typed documents ----------------------------------------------------------
+
+
+def _histogram() -> dict[str, Any]:
+    return {"buckets": [(0.01, 3), (float("inf"), 4)], "sum": 0.5, "count": 4}
+
+
+def populated_view() -> MetricsView:
+    """A view with every document field and every component figure set: what a primary with
+    tiers, targets, the shadow simulation, a classifier and --engine-metrics publishes."""
+    model = forecast_doc(
+        hit_ratio=0.42, hit_ratio_single_class=0.4, upper_bound=0.7, observed_hit_ratio=0.39,
+        characteristic_time_s=310.0, lambda0=2.5, capacity_blocks=3_000.0,
+        tiers=(TierForecast("gpu", 3_000.0, 0.3), TierForecast("host", 9_000.0, 0.12)),
+    ).forecast  # fmt: skip
+    shadow = ShadowCurve.from_dict(
+        {"hit_ratio": 0.4, "capacity_blocks": 3_000.0,
+         "curve": [{"capacity_blocks": 3_000.0, "hit_ratio": 0.4}], "sampling_ratio": 0.05,
+         "session_share": 1.0, "kept_accesses": 800, "window_start": 0.0, "events": 1_000,
+         "cached_blocks": 40, "effectively_once": False}
+    )  # fmt: skip
+    forecast = ForecastDocument(
+        model,
+        (
+            RequiredCapacity(0.5, 4_100, None, "ok"),
+            RequiredCapacity(0.9, None, None, "unreachable"),
+        ),
+        event_time=5_000.0,
+        window_conversations=600,
+        computed_at=time.time() - 2.0,
+    ).with_shadow(shadow)
+    table = TableDocument(
+        version=3, generated_at=5_000.0, window_conversations=600, max_turn=32,
+        defaults=TableDefaults(0.5, 60.0), characteristic_time_s=310.0,
+        states=(TableState("coding", 1, 0.8, 40.0, 3.7, 0.9, 120, 96),), shared=None,
+    )  # fmt: skip
+    return MetricsView(
+        forecast=forecast,
+        table=table,
+        counters={
+            "processed": 10,
+            "duplicates": 1,
+            "rejected": 2,
+            "rejected_by_reason": {"too_late": 2},
+        },
+        commits=4,
+        lag=7,
+        refresh_seconds=0.02,
+        components={"store": "ok"},
+        store_latency={"commit": _histogram()},
+        classifier={"latency": _histogram(), "worker": {"rejected": 1}},
+        engines=[{"engine": "http://e:8000", "model": "m", "hit_ratio": 0.38}],
+        engine_tiers=[{"engine": "http://e:8000", "model": "m", "tier": "gpu", "hit_ratio": 0.3}],
+        engine_scrape_errors=[{"engine": "http://e:8000", "reason": "timeout", "count": 1}],
+    )
+
+
+def spec_metric_names() -> set[str]:
+    """The metric names docs/spec.md section 6 lists ("Prometheus metric names ..."), as
+    families: without labels and without the counters' ``_total``."""
+    spec = (Path(__file__).resolve().parents[2] / "docs" / "spec.md").read_text()
+    section = spec[spec.index("Prometheus metric names") :].split("\n\n")[0]
+    names = {re.sub(r"\{.*\}$", "", name) for name in re.findall(r"`(kvcast_[^`]+)`", section)}
+    assert len(names) >= 15, names  # the paragraph was found and read
+    return {name.removesuffix("_total") for name in names}
+
+
+def test_a_fully_populated_view_gives_every_metric_a_sample() -> None:
+    """Each metric reads an attribute of the documents or the view: a field renamed without
+    the collector fails here (an AttributeError, or a family without samples)."""
+    families = {f.name: f for f in KvcastCollector(populated_view).collect()}
+    assert set(families) == set(METRICS)
+    empty = sorted(name for name, family in families.items() if not family.samples)
+    assert not empty, f"metrics without a sample on a fully populated view: {empty}"
+    for family in families.values():
+        assert all(math.isfinite(s.value) for s in family.samples if s.value is not None)
+    assert spec_metric_names() <= set(families)
+    gauge = {f.name: f.samples[0].value for f in families.values() if f.type == "gauge"}
+    assert gauge["kvcast_event_time_seconds"] == 5_000.0
+    assert gauge["kvcast_window_conversations"] == 600
+    assert gauge["kvcast_forecast_error"] == pytest.approx(0.42 - 0.4)
+    assert [s.labels["target"] for s in families["kvcast_required_capacity_blocks"].samples] == [
+        "0.5"
+    ]  # the unreachable target has no blocks, so no sample
+
+
+def test_a_non_finite_forecast_value_is_left_out_as_in_its_json() -> None:
+    view = populated_view()
+    model = replace(view.forecast.forecast, hit_ratio=math.nan, characteristic_time_s=math.inf)
+    broken = replace(view, forecast=replace(view.forecast, forecast=model))
+    families = {f.name: f for f in KvcastCollector(lambda: broken).collect()}
+    assert not families["kvcast_hit_ratio_forecast"].samples
+    assert not families["kvcast_characteristic_time_seconds"].samples
+    assert broken.forecast.to_dict()["hit_ratio"] is None
