@@ -156,6 +156,33 @@ def smoothed_p(p_continue: float, conversations: int | None) -> float:
     return (p_continue * conversations + 1.0) / (conversations + 2.0)
 
 
+def pooled_law(
+    continues: Sequence[tuple[float, float]],
+    delays: Sequence[tuple[float, float, float]],
+    default: tuple[float, float, float],
+) -> tuple[float, float, float]:
+    """``(p, mu, sigma)`` of a state the table does not list: the listed states pooled.
+
+    ``continues``: ``(p, conversations)`` of every listed state; ``delays``: ``(mu, sigma,
+    weight)`` of the states whose log-normal was fitted to their delays, ``weight`` the
+    delays' count (conversations times p). ``p`` is the conversations' mean; the delay law is
+    the log-normal with the mixture's mean and variance of ``log W`` (log-seconds). Where
+    nothing is listed, ``default``. Why: next to measured states, a made-up law (p = 0.5,
+    150 s) ranks an unlisted state's blocks by a reuse the traffic never showed (on agent
+    traffic every turn-1 block, docs/policies.md).
+    """
+    total = sum(n for _, n in continues)
+    if not total > 0.0:
+        return default
+    p = sum(q * n for q, n in continues) / total
+    weight = sum(w for _, _, w in delays)
+    if not weight > 0.0:
+        return (p, default[1], default[2])
+    mu = sum(m * w for m, _, w in delays) / weight
+    var = sum((s * s + (m - mu) ** 2) * w for m, s, w in delays) / weight
+    return (p, mu, math.sqrt(var))
+
+
 def age_bucket(age_s: float) -> int:
     """The bucket of an age (s): ``floor(PER_OCTAVE * log2(1 + a))``, clipped to the grid."""
     if not age_s > 0.0:

@@ -46,6 +46,7 @@ from kvcast.stats.density import (
     bucket_age,
     bucket_start,
     hit_density,
+    pooled_law,
     residency,
     reuse_within,
     smoothed_p,
@@ -227,6 +228,7 @@ class PriorityIndex:
         "_laws",
         "_shared_law",
         "_states",
+        "_unlisted_law",
         "_values",
         "default_median_s",
         "default_p",
@@ -275,6 +277,8 @@ class PriorityIndex:
             raise TableError("states must be a list")
         lookup: dict[tuple[str, int], tuple[float, float]] = {}
         laws: dict[tuple[str, int], tuple[float, float, float]] = {}
+        continues: list[tuple[float, float]] = []  # (p, conversations): the unlisted law
+        delays: list[tuple[float, float, float]] = []  # (mu, sigma, delays) of fitted rows
         for position, row in enumerate(states):
             where = f"states[{position}]"
             if not isinstance(row, Mapping):
@@ -286,9 +290,17 @@ class PriorityIndex:
             median = _median(row.get("median_reuse_s"), where)
             p = _probability(row.get("p_continue"), where)
             lookup[(intent, turn)] = (median, p)
-            laws[(intent, turn)] = _law(row, where, median, p, self._default_law[2])
+            law = laws[(intent, turn)] = _law(row, where, median, p, self._default_law[2])
+            n = row.get("conversations")
+            n = n if isinstance(n, int) and n > 0 else 1
+            continues.append((law[0], n))
+            if _fitted(row, where, median) is not None:
+                delays.append((law[1], law[2], n * law[0]))
         self._states = lookup
         self._laws = laws
+        # The density of a state the table does not list: its listed states pooled
+        # (stats.density.pooled_law); the defaults only where it lists none.
+        self._unlisted_law = pooled_law(continues, delays, self._default_law)
         self._shared_law = _shared_law(doc.get("shared"), self._default_law[2])
         # Built on first use, per state (a few hundred erfc each); a race builds one twice.
         self._curves: dict[tuple[str, int] | None, DensityCurve] = {}
@@ -420,13 +432,14 @@ class PriorityIndex:
     def law(self, intent: str, turn: int) -> tuple[float, float, float]:
         """``(p, mu, sigma)`` the density of a state uses: ``p`` smoothed by its
         conversations, ``mu = log M(i, t)``, ``sigma`` of its delays or the defaults'.
-        :data:`SHARED_INTENT` (any turn): the table's ``shared`` law, else the defaults."""
+        :data:`SHARED_INTENT` (any turn): the table's ``shared`` law. Else, and for a state it does
+        not list: its listed states pooled (the defaults where it lists none)."""
         if intent == SHARED_INTENT:
-            return self._shared_law or self._default_law
+            return self._shared_law or self._unlisted_law
         found = self._laws.get((intent, turn))
         if found is None and turn > self.max_turn:
             found = self._laws.get((intent, self.max_turn))
-        return found if found is not None else self._default_law
+        return found if found is not None else self._unlisted_law
 
     def curve(self, intent: str, turn: int) -> DensityCurve:
         """The state's :class:`DensityCurve` over this table's horizon (capping and defaults
@@ -465,10 +478,11 @@ class PriorityIndex:
         return found
 
     def default_curve(self) -> DensityCurve:
-        """The curve of every state the table does not list (the defaults' law)."""
+        """The curve of every state the table does not list: its listed states' law pooled,
+        the defaults' law where it lists none."""
         found = self._curves.get(None)
         if found is None:
-            found = self._curves[None] = DensityCurve(*self._default_law, self.horizon_s)
+            found = self._curves[None] = DensityCurve(*self._unlisted_law, self.horizon_s)
         return found
 
     def density(self, intent: str, turn: int, age_s: float, size_tokens: float = 1.0) -> float:
@@ -531,11 +545,18 @@ def _law(
     the defaults where the delays are too few); ``sigma`` is the row's where its ``mu`` is the
     one the median came from, else the defaults'. ``p`` is smoothed by the conversations.
     """
+    sigma = _fitted(row, where, median)
+    conversations = row.get("conversations")
+    n = conversations if isinstance(conversations, int) and conversations > 0 else None
+    return (smoothed_p(p, n), math.log(median), sigma if sigma else default_sigma)
+
+
+def _fitted(row: Mapping[str, Any], where: str, median: float) -> float | None:
+    """The row's ``sigma`` (log-s) where its ``mu`` is the one its median came from (a
+    log-normal fitted to its delays), else None."""
     mu = _optional_number(row.get("mu"), where, "mu")
     sigma = _optional_number(row.get("sigma"), where, "sigma")
     if sigma is not None and sigma < 0:
         raise TableError(f"{where}: sigma must be >= 0, got {sigma!r}")
     fitted = mu is not None and sigma is not None and abs(math.exp(mu) - median) <= 1e-6 * median
-    conversations = row.get("conversations")
-    n = conversations if isinstance(conversations, int) and conversations > 0 else None
-    return (smoothed_p(p, n), math.log(median), sigma if fitted and sigma else default_sigma)
+    return sigma if fitted else None

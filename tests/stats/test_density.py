@@ -12,7 +12,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from scipy import integrate, stats
 
-from kvcast.stats.density import flip_time
+from kvcast.stats.density import flip_time, pooled_law
 from kvcast.stats.priority import (
     AGE_BUCKETS,
     DEFAULT_HORIZON_S,
@@ -237,7 +237,10 @@ def test_index_reads_the_law_and_horizon_from_the_table() -> None:
     # mu always from the median Eq. 1 uses; sigma only where it belongs to that median.
     assert index.law("chat", 1) == pytest.approx((smoothed_p(0.4, 50), math.log(150.0), 1.0))
     assert index.law("chat", 2)[2] == DEFAULT_SIGMA
-    assert index.law("travel", 3) == pytest.approx((0.5, math.log(150.0), DEFAULT_SIGMA))
+    # An unlisted state: the listed states pooled (p over all three, the delays of the one
+    # fitted law), not the defaults' made-up law.
+    pooled_p = (smoothed_p(0.9, 50) + 2 * smoothed_p(0.4, 50)) / 3
+    assert index.law("travel", 3) == pytest.approx((pooled_p, 3.0, 0.7))
     age = 40.0
     want = hit_density(bucket_age(age_bucket(age)), 90.0, *index.law("code", 1), size=64)
     assert index.density("code", 1, age, 64) == pytest.approx(want, rel=1e-12)
@@ -288,3 +291,19 @@ def test_rank_orders_as_priority_with_older_first_on_ties() -> None:
     assert index.rank(candidates) == index.rank(candidates, policy="iac")
     with pytest.raises(ValueError, match="policy"):
         index.rank(candidates, policy="lru")
+
+
+def test_an_unlisted_state_pools_the_listed_ones() -> None:
+    # p: the conversations' mean; log W: the mixture's mean and variance, by delays (n p).
+    law = pooled_law([(0.8, 30), (0.2, 10)], [(2.0, 0.5, 24.0), (4.0, 1.0, 2.0)], (0.5, 5.0, 1.0))
+    mu = (2.0 * 24 + 4.0 * 2) / 26
+    var = ((0.25 + (2.0 - mu) ** 2) * 24 + (1.0 + (4.0 - mu) ** 2) * 2) / 26
+    assert law == pytest.approx((0.65, mu, math.sqrt(var)))
+    # No fitted delays: the defaults' law of W; nothing listed: the defaults.
+    assert pooled_law([(0.8, 30)], [], (0.5, 5.0, 1.0)) == (0.8, 5.0, 1.0)
+    assert pooled_law([], [], (0.5, 5.0, 1.0)) == (0.5, 5.0, 1.0)
+    empty = PriorityIndex(doc(characteristic_time_s=90.0))
+    assert empty.law("travel", 3) == pytest.approx((0.5, math.log(150.0), DEFAULT_SIGMA))
+    listed = PriorityIndex(doc(row("code", 1, 0.9, math.exp(3.0), 3.0, 0.7)))
+    assert listed.default_curve().values == listed.curve("travel", 3).values
+    assert listed.curve("travel", 3).values == listed.curve("code", 1).values
