@@ -17,8 +17,8 @@ from kvcast.daemon.sources.replay import file_line, read_line_batches
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.engine import StatsEngine
 from kvcast.stats.forecast import forecast_from_sample
-from kvcast.stats.priority import table_document
 from kvcast.stats.replay import ReplayEngineName, ReplayProgress, replay_lines
+from kvcast.stats.table import table_document
 
 PROGRESS_INTERVAL_S = 0.5
 SNIFF_BYTES = 1 << 20  # the first line is looked at, up to 1 MiB of it

@@ -19,9 +19,9 @@ from kvcast.daemon.stores import WindowState
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.documents import ForecastDocument, TableDocument
 from kvcast.stats.forecast import forecast_from_sample, tier_planner
-from kvcast.stats.priority import table_document
 from kvcast.stats.sample import WorkloadSample
 from kvcast.stats.snapshot import Snapshot, take_snapshot
+from kvcast.stats.table import table_document
 
 CURVE_POINTS = 17  # capacities from N/16 to 16N, geometric, N in the middle
 PLANS_CACHED = 64  # planner answers kept per refresh (by target and tier)

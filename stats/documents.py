@@ -226,7 +226,7 @@ class TableDocument:
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> TableDocument:
-        """The table as ``kvcast.stats.priority.table_document`` builds it (exact keys)."""
+        """The table as ``kvcast.stats.table.table_document`` builds it (exact keys)."""
         values = dict(_checked(doc, cls, "table document"))
         values["defaults"] = TableDefaults(
             **_checked(values["defaults"], TableDefaults, "table defaults")

@@ -1,7 +1,7 @@
 """The store URL grammar and the Redis key layout, defined once (standard library only).
 
 The daemon (``--store``), the CLI (``--print-config``, ``kvcast table --redis``) and the
-engine-side reader (``kvcast.exporters.client``) all parse a store URL here, so that one URL
+engine-side reader (``kvcast.exporters.kit.client``) all parse a store URL here, so that one URL
 means the same server, database and keys everywhere::
 
     memory://

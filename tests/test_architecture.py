@@ -8,13 +8,16 @@ are resolved; ``from X import name`` is an import of ``X.name`` when that is a m
 
 1. ``kvcast.stats`` imports only ``kvcast.stats`` among kvcast modules, and does no I/O (no
    network, processes or files: :data:`STATS_NO_IO`).
-2. The engine-side client (``kvcast.exporters.client``, ``kvcast.exporters.adapters``) imports
-   only the standard library and, among kvcast modules, ``kvcast.stats.priority`` and the
-   ``kvcast.stats.density`` and ``kvcast.stats.ranking`` it builds on (plus its own package);
-   lazily imported optional clients are allowed one by one in :data:`LAZY_THIRD_PARTY`. What
-   those imports run at import time (``kvcast.stats.priority``, the ``__init__`` of the parent
-   packages) is held to the same rule.
-3. Downward only: :data:`FORBIDDEN` (the daemon never imports the lab or the CLI, ...).
+2. The engine kit is a folder, ``exporters/kit/`` (``kvcast.exporters.kit``): it imports only
+   the standard library, itself, and the stats modules of :data:`KIT_STATS`; lazily imported
+   optional clients are allowed one by one in :data:`LAZY_THIRD_PARTY`. What those imports run
+   at import time (the :data:`KIT_STATS` modules, the ``__init__`` of the parent packages) is
+   held to the same rule. The producer (``kvcast.producer``), which runs in the serving stack
+   too, is held to it with no kvcast module outside itself (:data:`SERVING_SIDE`).
+   Outside the kit, a module imports only the kit's public modules (:data:`KIT_PUBLIC`), except
+   in :data:`KIT_OPEN_TO` (the lab: simulators, reports, benches).
+3. Downward only: :data:`FORBIDDEN` (the daemon never imports the lab or the CLI, the kit's
+   adapters never import its client, ...).
 4. No import cycle among kvcast modules.
 5. Every ``__init__.py`` only re-exports (a docstring, imports, ``__all__``).
 
@@ -105,42 +108,56 @@ STATS_NO_IO = {
     "dbm": "files",
 }
 
-CLIENT_SIDE = (
-    "kvcast.exporters.client",
-    "kvcast.exporters.adapters",
-    "kvcast.exporters.plugins",
-    "kvcast.producer",  # runs in the serving stack too: a router, a proxy
+KIT = "kvcast.exporters.kit"
+# The stats modules the kit may import (and what they run at import time is checked too): the
+# store URL grammar and the key layout, which the daemon writes by and the client reads by.
+KIT_STATS = ("kvcast.stats.store_url",)
+# What runs inside the serving stack, each unit with the kvcast modules outside itself it may
+# import: the kit in the engines, the producer in a router or a proxy.
+SERVING_SIDE = {KIT: KIT_STATS, "kvcast.producer": ()}
+# The kit's face: what modules outside it may import (the CLI reads the table with the client;
+# users import these, docs/engines.md). The rest is the kit's own.
+KIT_PUBLIC = (
+    KIT,
+    f"{KIT}.client",
+    f"{KIT}.index",
+    f"{KIT}.plugins",
+    f"{KIT}.adapters",
+    f"{KIT}.adapters.vllm",
+    f"{KIT}.adapters.sglang",
 )
-CLIENT_KVCAST = ("kvcast.stats.priority", "kvcast.stats.density", "kvcast.stats.ranking",
-                 "kvcast.stats.store_url")  # fmt: skip
-# The engines' entry points glue the other two units together; nothing else may.
-CLIENT_GLUE = {"kvcast.exporters.plugins": ("kvcast.exporters.client", "kvcast.exporters.adapters")}
+# Who may import any of the kit: the simulators replay its policies, the reports read its
+# curves, the benches time its internals.
+KIT_OPEN_TO = ("kvcast.lab",)
 
-# The only third-party imports the engine-side client may make, each inside a function (so an
+# The only third-party imports the serving side may make, each inside a function (so an
 # engine that does not use that feature never needs the package). Exact module names: a new one,
 # or one of these moved to module level, is a violation.
 LAZY_THIRD_PARTY = {
     # RedisTableSource.__init__: redis-py only for redis:// table sources; HTTP-only engines
-    # need not install it (exporters/client.py).
-    ("kvcast.exporters.client", "redis"): "optional Redis table source",
+    # need not install it (exporters/kit/client.py).
+    (f"{KIT}.client", "redis"): "optional Redis table source",
     # install(): registers IACStrategy as a virtual subclass of SGLang's EvictionStrategy, guarded
     # by `except ImportError` -- the engine that calls it is SGLang itself.
     (
-        "kvcast.exporters.adapters.sglang",
+        f"{KIT}.adapters.sglang",
         "sglang.srt.mem_cache.evict_policy",
     ): "the engine being adapted (optional)",
     # build_cache(): SGLang's own default cache factory, called from inside SGLang's registry.
     (
-        "kvcast.exporters.adapters.sglang",
+        f"{KIT}.adapters.sglang",
         "sglang.srt.mem_cache.registry",
     ): "the engine being adapted (its cache factory)",
-    ("kvcast.exporters.adapters.sglang", "sglang.srt.runtime_context"): "the engine's flags",
+    (f"{KIT}.adapters.sglang", "sglang.srt.runtime_context"): "the engine's flags",
     # register_sglang(): SGLang's plugin entry point, which only SGLang itself calls, registers
     # the `kvcast` radix-cache backend.
-    ("kvcast.exporters.plugins", "sglang.srt.mem_cache.registry"): "the engine being adapted",
+    (f"{KIT}.plugins", "sglang.srt.mem_cache.registry"): "the engine being adapted",
     # register_vllm(): vLLM's plugin entry point, which only vLLM itself calls, replaces the
     # block pool's queue class and wraps KVCacheManager.free.
-    ("kvcast.exporters.plugins", "vllm.v1.core"): "the engine being adapted (its plugin)",
+    (f"{KIT}.plugins", "vllm.v1.core"): "the engine being adapted (its plugin)",
+    # fast(): the ranking of many candidates sorts in numpy where an engine has it installed,
+    # and in Python where it has not (the same order; exporters/kit/ranking.py).
+    (f"{KIT}.ranking", "numpy"): "optional numpy for the density ranking",
     # KafkaEventProducer's sender thread: the broker client, only where events go to Kafka.
     ("kvcast.producer.kafka", "kafka"): "the producer's Kafka client",
 }
@@ -150,6 +167,8 @@ FORBIDDEN = {
     "kvcast.daemon": ("kvcast.lab", "kvcast.cli"),
     "kvcast.lab": ("kvcast.cli",),
     "kvcast.exporters": ("kvcast.daemon", "kvcast.lab", "kvcast.cli"),
+    # the adapters rank by anything holding an index; the plugins alone glue them to the client
+    f"{KIT}.adapters": (f"{KIT}.client", f"{KIT}.plugins"),
     "kvcast.classifier": ("kvcast.daemon", "kvcast.exporters", "kvcast.lab", "kvcast.cli"),
 }
 
@@ -172,8 +191,8 @@ def _matches(name: str, prefixes: Iterable[str]) -> str | None:
     return next((p for p in prefixes if _within(name, p)), None)
 
 
-def _client_unit(name: str) -> str | None:
-    return _matches(name, CLIENT_SIDE)
+def _serving_unit(name: str) -> str | None:
+    return _matches(name, SERVING_SIDE)
 
 
 def _violation(imp: ig.Import, rule: str) -> Violation:
@@ -195,20 +214,19 @@ def check_imports(graph: ig.ImportGraph) -> list[Violation]:
                 found.append(_violation(imp, "kvcast.stats imports only kvcast.stats"))
             if (io := _matches(target, STATS_NO_IO)) is not None:
                 found.append(_violation(imp, f"kvcast.stats does no I/O ({STATS_NO_IO[io]})"))
-        if (unit := _client_unit(source)) is not None:
-            glue = CLIENT_GLUE.get(unit, ())
-            if internal and not (
-                _within(target, unit) or target in CLIENT_KVCAST or _matches(target, glue)
-            ):
+        if (unit := _serving_unit(source)) is not None:
+            if internal and not (_within(target, unit) or target in SERVING_SIDE[unit]):
                 found.append(
-                    _violation(imp, "engine-side client: kvcast.stats.priority only among kvcast")
+                    _violation(imp, f"{unit} imports only itself and {SERVING_SIDE[unit]}")
                 )
             elif not internal and not ig.is_stdlib(target):
                 allowed = (source, target) in LAZY_THIRD_PARTY and imp.kind == "function"
                 if not allowed:
-                    found.append(
-                        _violation(imp, "engine-side client: standard library only (third-party)")
-                    )
+                    found.append(_violation(imp, f"{unit}: standard library only (third-party)"))
+        elif (
+            _within(target, KIT) and target not in KIT_PUBLIC and not _matches(source, KIT_OPEN_TO)
+        ):
+            found.append(_violation(imp, "imports the engine kit's internals (KIT_PUBLIC only)"))
         for layer, banned in FORBIDDEN.items():
             if _within(source, layer) and (hit := _matches(target, banned)) is not None:
                 found.append(_violation(imp, f"{layer} never imports {hit}"))
@@ -218,8 +236,8 @@ def check_imports(graph: ig.ImportGraph) -> list[Violation]:
 def check_client_closure(graph: ig.ImportGraph) -> list[Violation]:
     """Rule 2 on what an engine runs when it imports the client: the module-level imports of
     everything reached from it (and the parent packages' ``__init__``), transitively."""
-    allowed = set(CLIENT_KVCAST)
-    queue = [name for name in graph.modules if _client_unit(name)]
+    allowed = {name for names in SERVING_SIDE.values() for name in names}
+    queue = [name for name in graph.modules if _serving_unit(name)]
     seen: set[str] = set()
     found: list[Violation] = []
     while queue:
@@ -236,18 +254,16 @@ def check_client_closure(graph: ig.ImportGraph) -> list[Violation]:
             if ig.is_internal(imp.target):
                 queue.append(imp.target)
                 if (
-                    not _client_unit(name)
-                    and not _client_unit(imp.target)
+                    not _serving_unit(name)
+                    and not _serving_unit(imp.target)
                     and imp.target not in allowed
                     and imp.target not in parents
                 ):
                     found.append(
-                        _violation(
-                            imp, "engine-side client: run at import time by the client (closure)"
-                        )
+                        _violation(imp, "serving side: run at import time by the kit (closure)")
                     )
-            elif not _client_unit(name) and not ig.is_stdlib(imp.target):
-                found.append(_violation(imp, "engine-side client: standard library only (closure)"))
+            elif not _serving_unit(name) and not ig.is_stdlib(imp.target):
+                found.append(_violation(imp, "serving side: standard library only (closure)"))
     return sorted(found, key=str)
 
 
@@ -348,6 +364,18 @@ def test_the_checker_sees_every_package(graph, folder):
     assert not stray, f"files outside every package of pyproject.toml: {stray}"
 
 
+def test_the_kit_is_the_folder_exporters_kit(graph):
+    """The kit's modules are the files of exporters/kit/, and every name the rules give for
+    it is a module there (a renamed module would leave a rule checking nothing)."""
+    kit = {name for name in graph.modules if _within(name, KIT)}
+    files = {
+        graph.modules[name].path.resolve() for name in kit if not graph.modules[name].is_extension
+    }
+    assert files == {path.resolve() for path in (ROOT / "exporters" / "kit").rglob("*.py")}
+    missing = [name for name in (*KIT_PUBLIC, *KIT_STATS) if name not in graph.modules]
+    assert not missing, f"named in the kit's rules but no module: {missing}"
+
+
 def test_the_checker_sees_the_c_extension(graph):
     module = graph.modules["kvcast.stats.native._replay"]
     assert module.is_extension and module.path.name == "_replay.c"
@@ -398,29 +426,40 @@ PACKAGES = {
     "kvcast.daemon": "",
     "kvcast.classifier": "",
     "kvcast.exporters": "",
-    "kvcast.exporters.adapters": "",
+    "kvcast.exporters.kit": '"""the engine kit"""',
+    "kvcast.exporters.kit.adapters": "",
     "kvcast.lab": "",
     "kvcast.lab.sim": "",
     "kvcast.cli": "",
 }
 BASE = {
     **PACKAGES,
-    "kvcast.stats.priority": "import math\n",
+    "kvcast.stats.store_url": "import re\n",
     "kvcast.stats.config": "from dataclasses import dataclass\n",
+    "kvcast.exporters.kit.index": "import math\n",
+    "kvcast.exporters.kit.ranking": "from kvcast.exporters.kit.index import PriorityIndex\n",
     "kvcast.daemon.runner": "from kvcast.stats.config import StatsConfig\n",
     "kvcast.classifier.model": "import numpy\nfrom kvcast.stats import config\n",
-    "kvcast.exporters.client": (
-        "import json\nfrom kvcast.stats.priority import PriorityIndex\n"
+    "kvcast.exporters.kit.client": (
+        "import json\nfrom kvcast.exporters.kit.index import PriorityIndex\n"
+        "from kvcast.stats.store_url import table_key\n"
         "def open_redis():\n    import redis\n"
     ),
-    "kvcast.exporters.adapters.vllm": "from kvcast.stats.priority import PriorityIndex\n",
-    "kvcast.exporters.adapters.sglang": (
+    "kvcast.exporters.kit.adapters.vllm": "from kvcast.exporters.kit.index import PriorityIndex\n",
+    "kvcast.exporters.kit.adapters.sglang": (
         "from . import vllm\n"
         "def install():\n    from sglang.srt.mem_cache.evict_policy import EvictionStrategy\n"
     ),
     "kvcast.lab.sim.lru": "import numpy\nfrom kvcast.daemon import runner\n",
-    "kvcast.cli.main": "import click\nfrom kvcast.lab.sim.lru import x\n",
+    "kvcast.lab.sim.replay": "from kvcast.exporters.kit.ranking import rank\n",  # the lab may
+    "kvcast.cli.main": (
+        "import click\nfrom kvcast.lab.sim.lru import x\n"
+        "from kvcast.exporters.kit.client import TableClient\n"  # public
+    ),
 }
+
+
+LAZY_CLIENT = "def f():\n    import kvcast.exporters.kit.client\n"
 
 
 def synthetic(**changes: str) -> ig.ImportGraph:
@@ -466,34 +505,53 @@ def test_the_synthetic_base_is_clean():
         ({"stats__x": "from urllib import request\n"}, "urllib.request", "does no I/O"),
         ({"stats__x": "def f():\n    import redis\n"}, "redis", "does no I/O"),
         ({"stats__x": "import subprocess\n"}, "subprocess", "does no I/O (processes)"),
-        # rule 2
-        ({"exporters__client": "import numpy\n"}, "numpy", "standard library only"),
-        ({"exporters__client": "import redis\n"}, "redis", "third-party) [module import]"),
+        # rule 2: the kit
+        ({"exporters__kit__client": "import numpy\n"}, "numpy", "standard library only"),
+        ({"exporters__kit__client": "import redis\n"}, "redis", "third-party) [module import]"),
         (
-            {"exporters__client": "def f():\n    import requests\n"},
+            {"exporters__kit__client": "def f():\n    import requests\n"},
             "requests",
             "standard library only",
         ),
         (
             {
-                "exporters__adapters__vllm": "from kvcast.stats.engine import StatsEngine\n",
+                "exporters__kit__adapters__vllm": "from kvcast.stats.engine import StatsEngine\n",
                 "stats__engine": "",
             },
             "kvcast.stats.engine",
-            "kvcast.stats.priority only",
-        ),
-        (
-            {"exporters__adapters__vllm": "def f():\n    import kvcast.exporters.client\n"},
-            "kvcast.exporters.client",
-            "kvcast.stats.priority only",
+            "kvcast.exporters.kit imports only itself and ('kvcast.stats.store_url',)",
         ),
         (
             {
-                "exporters__plugins": "from kvcast.stats.engine import StatsEngine\n",
+                "exporters__kit__plugins": "from kvcast.stats.engine import StatsEngine\n",
                 "stats__engine": "",
             },
             "kvcast.stats.engine",
-            "kvcast.stats.priority only",
+            "kvcast.exporters.kit imports only itself",
+        ),
+        (
+            {
+                "exporters__kit__index": "def f():\n    from kvcast.exporters import metrics\n",
+                "exporters__metrics": "",
+            },
+            "kvcast.exporters.metrics",
+            "kvcast.exporters.kit imports only itself",
+        ),
+        # rule 2: outside the kit, its public modules only (the lab excepted)
+        (
+            {"cli__main": "from kvcast.exporters.kit.ranking import rank\n"},
+            "kvcast.exporters.kit.ranking",
+            "imports the engine kit's internals",
+        ),
+        (
+            {"daemon__x": "def f():\n    from kvcast.exporters.kit import ranking\n"},
+            "kvcast.exporters.kit.ranking",
+            "imports the engine kit's internals (KIT_PUBLIC only) [function import]",
+        ),
+        (
+            {"stats__x": "from kvcast.exporters.kit.index import PriorityIndex\n"},
+            "kvcast.exporters.kit.index",
+            "kvcast.stats imports only kvcast.stats",
         ),
         # rule 3
         (
@@ -517,11 +575,24 @@ def test_the_synthetic_base_is_clean():
             "kvcast.exporters never imports kvcast.daemon",
         ),
         (
+            {"exporters__kit__adapters__vllm": LAZY_CLIENT},
+            "kvcast.exporters.kit.client",
+            "kvcast.exporters.kit.adapters never imports kvcast.exporters.kit.client",
+        ),
+        (
+            {
+                "exporters__kit__adapters__sglang": "from kvcast.exporters.kit import plugins\n",
+                "exporters__kit__plugins": "",
+            },
+            "kvcast.exporters.kit.plugins",
+            "kvcast.exporters.kit.adapters never imports kvcast.exporters.kit.plugins",
+        ),
+        (
             {
                 "classifier__x": "import typing\nif typing.TYPE_CHECKING:\n"
-                "    from kvcast.exporters import client\n"
+                "    from kvcast.exporters.kit import client\n"
             },
-            "kvcast.exporters.client",
+            "kvcast.exporters.kit.client",
             "kvcast.classifier never imports kvcast.exporters",
         ),
         # a kvcast import that names no module, a folder name instead of kvcast.<folder>
@@ -544,17 +615,17 @@ def test_the_checker_locates_the_import():
 
 
 def test_the_checker_follows_what_the_client_runs():
-    # priority pulling numpy at import time breaks the client for engines without it ...
-    graph = synthetic(stats__priority="import numpy\n")
+    # a KIT_STATS module pulling numpy at import time breaks the kit for engines without it ...
+    graph = synthetic(stats__store_url="import numpy\n")
     assert [v.subject for v in check_client_closure(graph)] == ["numpy"]
-    graph = synthetic(stats__priority="from kvcast.stats.config import StatsConfig\n")
+    graph = synthetic(stats__store_url="from kvcast.stats.config import StatsConfig\n")
     assert [v.subject for v in check_client_closure(graph)] == ["kvcast.stats.config"]
     # ... and so does a parent package's __init__
     graph = synthetic(exporters="from kvcast.exporters.metrics import x\n", exporters__metrics="")
     assert [v.subject for v in check_client_closure(graph)] == ["kvcast.exporters.metrics"]
     # only for type checkers, or lazily: never run by an import of the client
     graph = synthetic(
-        stats__priority="from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        stats__store_url="from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
         "    from kvcast.stats.config import StatsConfig\ndef f():\n    import numpy\n"
     )
     assert check_client_closure(graph) == []

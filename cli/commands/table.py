@@ -14,12 +14,12 @@ import click
 import orjson
 
 from kvcast.cli.options import pop_label_map, pop_stats_config, stats_options, taxonomy_options
-from kvcast.exporters.client import (
+from kvcast.exporters.kit.client import (
     HttpTableSource,
     RedisTableSource,
     TableSourceError,
-    redis_table_key,
 )
+from kvcast.stats.store_url import table_key
 
 DEFAULT_HTTP = "http://127.0.0.1:9400/v1/table"  # the embedded default of `kvcast run`
 
@@ -62,7 +62,7 @@ def _load(redis_url: str | None, namespace: str, http: str | None, replay: Path 
           config: Any, labels: dict[str, str]) -> tuple[dict[str, Any] | None, str]:  # fmt: skip
     if replay is not None:
         from kvcast.cli.replaying import replay_engine
-        from kvcast.stats.priority import table_document
+        from kvcast.stats.table import table_document
 
         finished = replay_engine(replay, config, label_map=labels)
         return table_document(finished.snapshot(), config, version=1), str(replay)
@@ -71,7 +71,7 @@ def _load(redis_url: str | None, namespace: str, http: str | None, replay: Path 
             source: Any = RedisTableSource(redis_url, namespace, timeout_s=5.0)
         except ValueError as exc:  # a malformed URL: one line, the password hidden
             raise click.UsageError(str(exc)) from None
-        where = f"redis key {redis_table_key(namespace)}"
+        where = f"redis key {table_key(namespace)}"
     else:
         source = HttpTableSource(http or DEFAULT_HTTP, timeout_s=5.0)
         where = source.url

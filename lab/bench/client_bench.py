@@ -22,9 +22,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kvcast.exporters.adapters.vllm import IACFreeBlockQueue
+from kvcast.exporters.kit.adapters.vllm import IACFreeBlockQueue
+from kvcast.exporters.kit.index import PriorityIndex
 from kvcast.lab.bench.timing import best_in_turn
-from kvcast.stats.priority import PriorityIndex
 
 INTENTS = 31  # the taxonomy's 30 plus unknown
 TURNS = 32

@@ -24,9 +24,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kvcast.exporters.adapters.request_state import FixedTable
-from kvcast.exporters.adapters.vllm import replace_queue
-from kvcast.stats.priority import PriorityIndex
+from kvcast.exporters.kit.adapters.request_state import FixedTable
+from kvcast.exporters.kit.adapters.vllm import replace_queue
+from kvcast.exporters.kit.index import PriorityIndex
 
 KINDS = ("stock", "untagged", "tagged", "density")  # density: tagged, policy density
 

@@ -31,10 +31,10 @@ from array import array
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kvcast.exporters.adapters.request_state import FixedTable
-from kvcast.exporters.adapters.sglang import install
+from kvcast.exporters.kit.adapters.request_state import FixedTable
+from kvcast.exporters.kit.adapters.sglang import install
+from kvcast.exporters.kit.index import PriorityIndex
 from kvcast.lab.bench.engine_bench import print_figures, random_table
-from kvcast.stats.priority import PriorityIndex
 
 KINDS = ("lru", "untagged", "tagged", "density", "rust lru")
 

@@ -42,8 +42,8 @@ from kvcast.daemon.refresh import capacity_grid
 from kvcast.lab.bench.processes import DaemonProcess, OwnRedis, wait_until
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.forecast import forecast_from_sample
-from kvcast.stats.priority import table_document
 from kvcast.stats.replay import offline_statistics
+from kvcast.stats.table import table_document
 
 STATS = StatsConfig(completion_timeout_s=900, allowed_lateness_s=30)
 CAPACITY = 3000

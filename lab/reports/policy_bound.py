@@ -14,7 +14,7 @@ the request arrived (infinite for the last turn). For a state's requests, at eac
 
     d(a) = #{a < T <= a + H} / sum over T > a of min(T - a, H)
 
-the sample version of ``kvcast.stats.density.hit_density`` (the state's ``S(a)`` cancels the
+the sample version of ``kvcast.exporters.kit.density.hit_density`` (the state's ``S(a)`` cancels the
 same way). A state with fewer than :data:`MIN_SAMPLES` requests takes its intent's pooled law.
 Shared blocks keep the table's shared law.
 
@@ -37,6 +37,9 @@ import numpy as np
 import orjson
 from numpy.typing import NDArray
 
+from kvcast.exporters.kit.ages import AGE_BUCKETS, bucket_age
+from kvcast.exporters.kit.density import value_changes
+from kvcast.exporters.kit.index import PriorityIndex
 from kvcast.lab.reports.policy_report import default_workloads, write_between_markers
 from kvcast.lab.reports.policy_results import GAP_SHARE, Workload, gap_closed
 from kvcast.lab.sim.block_cache import BlockCache, BlockLayout, block_layout
@@ -44,8 +47,6 @@ from kvcast.lab.sim.block_policies import Density, learn_table
 from kvcast.lab.sim.policy_tables import history_mask, intent_labels
 from kvcast.lab.sim.registry import measure, simulate
 from kvcast.lab.sim.trace import SimTrace
-from kvcast.stats.density import AGE_BUCKETS, bucket_age, value_changes
-from kvcast.stats.priority import PriorityIndex
 
 MIN_SAMPLES = 30  # requests of a state below which it takes its intent's pooled law
 HORIZONS_S = (10.0, 30.0, 60.0, 120.0, 600.0)
@@ -67,7 +68,7 @@ def next_turn_delays(trace: SimTrace) -> NDArray[np.float64]:
 
 def empirical_curve(delays: NDArray[np.float64], horizon_s: float) -> list[float]:
     """The empirical hit density (1/s) of requests with these delays (s; inf: never reused)
-    at each age bucket's age (:func:`kvcast.stats.density.bucket_age`)."""
+    at each age bucket's age (:func:`kvcast.exporters.kit.ages.bucket_age`)."""
     finite = np.sort(delays[np.isfinite(delays)])
     never = len(delays) - len(finite)
     sums = np.concatenate([[0.0], np.cumsum(finite)])

@@ -15,7 +15,7 @@ tail goes before its head and every resident block is reachable from its chain's
 radix-tree rule; vLLM gets the same from freeing a request's blocks tail first). Among leaves the
 :class:`Strategy` decides: the leaf with the lowest key is evicted first. A key may change
 at a *flip time* (IAC's recency bit expires, TB+S's next reuse comes within the threshold).
-Flip times must lie strictly after the time they are computed at (``kvcast.stats.density.
+Flip times must lie strictly after the time they are computed at (``kvcast.exporters.kit.ages.
 flip_time`` for age buckets), or a flip would be due again at once.
 
 Synthesized blocks (a request without ``block_hashes``): conversation c's request j is

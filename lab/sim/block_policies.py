@@ -9,12 +9,12 @@ that request's chain (``-pos``: deeper first among equals), ``t_r`` that request
 - ``gdsf``: ``(L + uses, r, -pos)`` with cost = size = 1 block, ``L`` the key of the last
   eviction at the block's latest use (LFU with dynamic aging).
 - ``iac``: ``(1[now - t_r < M(i, t)], P(t+1 | i, t), size, t_r, r, -pos)`` for the intent i and
-  turn t of request r (SPEC section 5, as ``exporters.adapters.vllm`` orders blocks); the table
+  turn t of request r (SPEC section 5, as ``exporters.kit.adapters.vllm`` orders blocks); the table
   is ``table=`` (a document or :class:`PriorityIndex`), else learned from the first
   ``learn_fraction`` of the trace (:func:`~kvcast.lab.sim.policy_tables.learn_table`).
 - ``iac-rolling``: the same, the table re-learned causally every ``refresh_s`` s of event time.
 - ``density``: ``(d(i, t, now - t_r) / size, t_r, r, -pos)``, ``d`` the hit density of
-  ``kvcast.stats.priority`` on its age grid (the client's :meth:`PriorityIndex.priority` with
+  ``kvcast.exporters.kit.index`` on its age grid (the client's :meth:`PriorityIndex.priority` with
   ``policy="density"``, exactly), the horizon the table's ``characteristic_time_s``: the
   forecast's ``T_C`` at the simulated capacity, learned with the table from the first
   ``learn_fraction`` of the trace (or ``horizon_s=`` given). The key is recomputed whenever the
@@ -40,6 +40,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from kvcast.exporters.kit.ages import AGE_BUCKETS, age_bucket, flip_time
+from kvcast.exporters.kit.index import PriorityIndex
 from kvcast.lab.sim.block_cache import (
     BlockCache,
     BlockLayout,
@@ -51,8 +53,6 @@ from kvcast.lab.sim.block_cache import (
 from kvcast.lab.sim.policy_tables import RollingTable, intent_labels, learn_table
 from kvcast.lab.sim.trace import SimTrace
 from kvcast.stats.config import StatsConfig
-from kvcast.stats.density import flip_time
-from kvcast.stats.priority import AGE_BUCKETS, PriorityIndex, age_bucket
 
 SIZES = ("block", "request")
 INF = float("inf")

@@ -10,7 +10,7 @@ turn t) of c's latest request at time ``t_c``:
 - ``iac``: ``(1[now - t_c < M(i, t)], P(t+1 | i, t), t_c, c)`` (SPEC Eq. 1, size term dropped:
   ``size="request"`` puts ``R`` there);
 - ``density``: ``(d(i, t, now - t_c) / size, t_c, c)``, ``d`` the table's hit density per
-  block on its age grid (``kvcast.stats.priority``); ``size`` 1 (``"block"``: every block of a
+  block on its age grid (``kvcast.exporters.kit.index``); ``size`` 1 (``"block"``: every block of a
   conversation is worth the same, so ranking conversations ranks their blocks) or ``R``.
 
 Keys that change with age are recomputed at their flip times (IAC: when the median passes;
@@ -27,12 +27,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from kvcast.exporters.kit.ages import AGE_BUCKETS, age_bucket, flip_time
+from kvcast.exporters.kit.index import PriorityIndex
 from kvcast.lab.sim.block_policies import _sizes
 from kvcast.lab.sim.policy_tables import intent_labels, learn_table
 from kvcast.lab.sim.trace import SimTrace
 from kvcast.stats.config import StatsConfig
-from kvcast.stats.density import flip_time
-from kvcast.stats.priority import AGE_BUCKETS, PriorityIndex, age_bucket
 
 # key(request r of the conversation, now) -> (sort key without the conversation, flip time)
 KeyFn = Callable[[int, float], tuple[tuple[Any, ...], float | None]]

@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from kvcast.exporters.kit.index import PriorityIndex
 from kvcast.lab.sim.measurement import first_times
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.engine import StatsEngine
 from kvcast.stats.events import Event
 from kvcast.stats.forecast import forecast_from_sample
-from kvcast.stats.priority import PriorityIndex, table_document
+from kvcast.stats.table import table_document
 
 if TYPE_CHECKING:
     from kvcast.lab.sim.trace import SimTrace

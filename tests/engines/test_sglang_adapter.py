@@ -28,8 +28,8 @@ from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 from sglang.srt.plugins import load_plugins
 
-from kvcast.exporters.adapters.sglang import IACStrategy, RustTreeCoreError, install
-from kvcast.stats.priority import PriorityIndex
+from kvcast.exporters.kit.adapters.sglang import IACStrategy, RustTreeCoreError, install
+from kvcast.exporters.kit.index import PriorityIndex
 from tests.engines.sglang_parts import (
     Engine,
     build_engine,
@@ -120,7 +120,7 @@ def conversation(seed: int, turns: int, prompt_tokens: int, output_tokens: int) 
 
 def test_sglangs_plugin_loader_registers_the_kvcast_backend() -> None:
     names = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
-    assert names.get("kvcast") == "kvcast.exporters.plugins:register_sglang"
+    assert names.get("kvcast") == "kvcast.exporters.kit.plugins:register_sglang"
     assert "kvcast" in registered_radix_cache_backends()
 
 
@@ -337,7 +337,7 @@ def test_the_readmes_request_reaches_the_req_through_sglangs_openai_protocol() -
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.sampling.sampling_params import SamplingParams
 
-    from kvcast.exporters.adapters.sglang import request_state
+    from kvcast.exporters.kit.adapters.sglang import request_state
 
     request = ChatCompletionRequest(**readme_sglang_request())
     params = request.to_sampling_params(stop=[], model_generation_config={})
@@ -445,8 +445,8 @@ def test_a_prompt_a_second_conversation_finds_cached_is_ranked_by_the_shared_law
     """Through SGLang's own match, release and eviction: the nodes a turn-1 request found
     cached (its ``cached_tokens``) are marked shared and ranked by the table's shared law,
     every other node by its last request's state, each as the client's ``priority`` says."""
-    from kvcast.exporters.adapters.sglang import SHARED_ATTR
-    from kvcast.stats.priority import SHARED_INTENT
+    from kvcast.exporters.kit.adapters.sglang import SHARED_ATTR
+    from kvcast.exporters.kit.index import SHARED_INTENT
 
     shared = {"p_continue": shared_p, "median_reuse_s": 5.0, "mu": math.log(5.0), "sigma": 0.5,
               "references": 1000, "lives": 10}  # fmt: skip
@@ -492,8 +492,8 @@ def test_a_split_shared_node_stays_shared_in_both_parts(
     conversation that shares only the first half of a shared prompt cuts the prompt's node in
     two, and the first part (a new node) is as shared as the prompt was, so that turn's
     release ranks it by the shared law, not by the turn's own state."""
-    from kvcast.exporters.adapters.sglang import SHARED_ATTR, TAG_ATTR
-    from kvcast.stats.priority import SHARED_INTENT
+    from kvcast.exporters.kit.adapters.sglang import SHARED_ATTR, TAG_ATTR
+    from kvcast.exporters.kit.index import SHARED_INTENT
 
     shared = {"p_continue": 0.9, "median_reuse_s": 5.0, "mu": math.log(5.0), "sigma": 0.5,
               "references": 1000, "lives": 10}  # fmt: skip

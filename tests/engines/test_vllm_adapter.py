@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from vllm.v1.core import block_pool as vllm_block_pool
 from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
 
-from kvcast.exporters.adapters.vllm import IACFreeBlockQueue, install, request_state
-from kvcast.stats.priority import PriorityIndex
+from kvcast.exporters.kit.adapters.vllm import IACFreeBlockQueue, install, request_state
+from kvcast.exporters.kit.index import PriorityIndex
 from tests.engines.vllm_parts import (
     BLOCK_TOKENS,
     Clock,
@@ -411,7 +411,7 @@ def test_density_evicts_in_the_clients_density_order_in_vllms_own_pool() -> None
     client's ``priority(..., policy="density")`` ranks lowest, a request's tail first; and a
     coding block long past its 50 s median goes before a fresh chit-chat one (IAC would keep
     it first: P = 0.9)."""
-    from kvcast.exporters.adapters.request_state import FixedTable
+    from kvcast.exporters.kit.adapters.request_state import FixedTable
 
     clock = Clock()
     index = PriorityIndex(DENSITY_TABLE)
@@ -446,8 +446,8 @@ def test_a_prompt_a_second_conversation_finds_cached_is_ranked_by_the_shared_law
     rest of the request by its state, each as the client's ``priority`` says."""
     import math
 
-    from kvcast.exporters.adapters.request_state import FixedTable
-    from kvcast.stats.priority import SHARED_INTENT
+    from kvcast.exporters.kit.adapters.request_state import FixedTable
+    from kvcast.exporters.kit.index import SHARED_INTENT
 
     shared = {"p_continue": shared_p, "median_reuse_s": 5.0, "mu": math.log(5.0), "sigma": 0.5,
               "references": 1000, "lives": 10}  # fmt: skip

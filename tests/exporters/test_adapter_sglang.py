@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from kvcast.exporters.adapters.sglang import TAG_ATTR, IACStrategy, request_state
-from kvcast.stats.priority import PriorityIndex
+from kvcast.exporters.kit.adapters.sglang import TAG_ATTR, IACStrategy, request_state
+from kvcast.exporters.kit.index import PriorityIndex
 
 TABLE = {
     "version": 1,
@@ -107,7 +107,7 @@ def test_a_refreshed_table_revalues_nodes_tagged_before_it() -> None:
 
 
 def test_states_are_bounded_whatever_intents_requests_send(monkeypatch: pytest.MonkeyPatch) -> None:
-    import kvcast.exporters.adapters.sglang as adapter
+    import kvcast.exporters.kit.adapters.sglang as adapter
 
     monkeypatch.setattr(adapter, "_MAX_STATES", 8)
     strategy = IACStrategy(PriorityIndex(TABLE), clock=Clock(0.0))
@@ -199,8 +199,8 @@ def test_nodes_wholly_inside_a_turn_1_hit_rank_by_the_shared_law(
     cache hit (``shared_tokens``) are marked and take the client's ``SHARED_INTENT`` key,
     also when a later request of another state passes through them; the node the hit ends
     inside of, and the rest, keep the request's state. Otherwise nothing changes."""
-    from kvcast.exporters.adapters.sglang import SHARED_ATTR
-    from kvcast.stats.priority import SHARED_INTENT
+    from kvcast.exporters.kit.adapters.sglang import SHARED_ATTR
+    from kvcast.exporters.kit.index import SHARED_INTENT
 
     clock = Clock(1000.0)
     live = Table({**DENSITY_TABLE, "shared": SHARED_LAW if with_law else None})

@@ -17,14 +17,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from kvcast.daemon.stores.redis_store import RedisStore
-from kvcast.exporters.client import (
+from kvcast.exporters.http_server import HttpServer
+from kvcast.exporters.kit.client import (
     FileTableSource,
     HttpTableSource,
     TableClient,
     open_source,
-    redis_table_key,
 )
-from kvcast.exporters.http_server import HttpServer
+from kvcast.stats.store_url import table_key
 
 
 def doc(version: int, p: float = 0.9, median_s: float = 60.0) -> dict[str, Any]:
@@ -71,11 +71,9 @@ def served():
 BLOCKED = ("torch", "kafka", "numpy", "scipy", "redis", "orjson", "prometheus_client", "click",
            "kvcast.daemon", "kvcast.stats", "kvcast.classifier",
            "kvcast.lab", "kvcast.cli")  # fmt: skip
-# The core modules the client may import: the table document and the priority over it, and
-# the density score and rankings it builds on (standard library only at import time;
-# tests/test_architecture.py holds them to that).
-ALLOWED = ("kvcast.stats", "kvcast.stats.priority", "kvcast.stats.density", "kvcast.stats.ranking",
-           "kvcast.stats.store_url")  # fmt: skip
+# The stats modules the engine kit may import (tests/test_architecture.py's KIT_STATS, which
+# holds them to the standard library at import time): the store URL grammar and key layout.
+ALLOWED = ("kvcast.stats", "kvcast.stats.store_url")
 
 
 def test_client_imports_without_heavy_or_daemon_modules(tmp_path: Path) -> None:
@@ -96,8 +94,8 @@ def test_client_imports_without_heavy_or_daemon_modules(tmp_path: Path) -> None:
                     raise ImportError("blocked in this test: " + name)
                 return None
         sys.meta_path.insert(0, Refuse())
-        from kvcast.exporters.client import TableClient
-        from kvcast.exporters.adapters import IACStrategy, IACFreeBlockQueue
+        from kvcast.exporters.kit.client import TableClient
+        from kvcast.exporters.kit.adapters import IACStrategy, IACFreeBlockQueue
         client = TableClient({str(table_file)!r}, refresh_s=60)
         client.refresh()
         print(client.version, client.priority("coding", 1, 10.0, 64))
@@ -185,7 +183,7 @@ def test_file_source_reads_a_table_or_a_replay_result(tmp_path: Path) -> None:
 
 def test_redis_key_matches_the_store(redis_url: str, redis_namespace: str) -> None:
     store = RedisStore(redis_url, redis_namespace)
-    assert redis_table_key(redis_namespace) == store.key("table")
+    assert table_key(redis_namespace) == store.key("table")
     client = TableClient(redis_url, namespace=redis_namespace, refresh_s=60)
     assert client.refresh() is False and client.last_error is None  # nothing published yet
     store.publish_table(doc(1))
@@ -228,8 +226,9 @@ def test_a_shared_block_ranks_by_the_tables_shared_law(tmp_path: Path) -> None:
     """``SHARED_INTENT`` under density: the table's ``shared`` law (a prompt reused every
     second outranks a conversation's block at the same age), the defaults without one; the
     rankings of many candidates take it as the single priorities do."""
-    from kvcast.exporters.client import SHARED_INTENT
-    from kvcast.stats.density import DensityCurve, smoothed_p
+    from kvcast.exporters.kit.client import SHARED_INTENT
+    from kvcast.exporters.kit.density import DensityCurve
+    from kvcast.exporters.kit.laws import smoothed_p
 
     law = {"p_continue": 0.98, "median_reuse_s": 1.0, "mu": 0.0, "sigma": 1.0,
            "references": 4900, "lives": 100}  # fmt: skip

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from kvcast.daemon.stores.redis_store import RedisStore
-from kvcast.exporters.client import RedisTableSource, TableClient
+from kvcast.exporters.kit.client import RedisTableSource, TableClient
 from kvcast.lab.bench.processes import wait_until
 from tests import services
 

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from kvcast.daemon.stores.registry import open_store
-from kvcast.exporters.client import TableClient
+from kvcast.exporters.kit.client import TableClient
 from kvcast.stats.store_url import parse, table_key
 from tests import services
 

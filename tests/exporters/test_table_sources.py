@@ -1,6 +1,6 @@
 """One contract for every engine-side table source: a file, HTTP and Redis (real servers).
 
-Each source is opened through ``exporters.client.open_source(URL)``, as :class:`TableClient`
+Each source is opened through ``exporters.kit.client.open_source(URL)``, as :class:`TableClient`
 opens it, over a document the test publishes itself: a JSON file it writes, a ``/v1/table``
 served on a loopback port, or the namespace's table key in the real Redis. What differs by
 design is declared in the fixture's parameters (:class:`Expected`).
@@ -27,9 +27,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from kvcast.exporters.client import TableClient, TableSource, TableSourceError, open_source
+from kvcast.exporters.kit.client import TableClient, TableSource, TableSourceError, open_source
 from kvcast.lab.bench.processes import free_port
-from kvcast.stats.priority import redis_table_key
+from kvcast.stats.store_url import table_key
 
 
 def table(version: int, p_continue: float = 0.9) -> dict[str, Any]:
@@ -240,11 +240,11 @@ class RedisBackend(Backend):
         self.expected = expected
         self.client, self.namespace, self.scheme = client, namespace, scheme
         self.source = open_source(url, namespace=namespace, timeout_s=2.0)
-        self.where = redis_table_key(namespace)
+        self.where = table_key(namespace)
         self.others = []
 
     def publish_raw(self, raw: bytes) -> None:
-        self.client.set(redis_table_key(self.namespace), raw)
+        self.client.set(table_key(self.namespace), raw)
 
     def cut_off(self) -> TableSource:
         """The shared Redis stays up: a source of the namespace on a port nothing listens on."""

@@ -3,7 +3,7 @@ host's uptime (1e6 s after twelve days), a test or an engine may run on epoch se
 (1.7e9 s) or further. At every instant where a list's end crosses an age bucket whose value
 falls, and one float before it, a pop takes the block the client ranks first and returns.
 
-Before flip times came from ``kvcast.stats.density.flip_time`` they were a fixed nudge of
+Before flip times came from ``kvcast.exporters.kit.ages.flip_time`` they were a fixed nudge of
 1e-9 s past the bucket's start, below the clock's float spacing from 1.7e9 s on (2.4e-7 s):
 a pop one float before the boundary found the flip due, revalued the end in the same bucket,
 pushed the same flip and never returned (issue 33)."""
@@ -14,9 +14,10 @@ import math
 
 import pytest
 
-from kvcast.exporters.adapters.request_state import FixedTable
-from kvcast.exporters.adapters.vllm_queue import IACFreeBlockQueue
-from kvcast.stats.priority import AGE_BUCKETS, PriorityIndex, age_bucket
+from kvcast.exporters.kit.adapters.request_state import FixedTable
+from kvcast.exporters.kit.adapters.vllm_queue import IACFreeBlockQueue
+from kvcast.exporters.kit.ages import AGE_BUCKETS, age_bucket
+from kvcast.exporters.kit.index import PriorityIndex
 from tests.deadline import deadline
 from tests.exporters.test_vllm_queue_density import Block, Clock
 

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcast.exporters.adapters.request_state import FixedTable
-from kvcast.exporters.adapters.vllm_queue import IACFreeBlockQueue
-from kvcast.stats.priority import SHARED_INTENT, PriorityIndex
+from kvcast.exporters.kit.adapters.request_state import FixedTable
+from kvcast.exporters.kit.adapters.vllm_queue import IACFreeBlockQueue
+from kvcast.exporters.kit.index import SHARED_INTENT, PriorityIndex
 
 
 class Block:

@@ -1,6 +1,7 @@
-"""The ``density`` score (kvcast.stats.priority): its definition, bounds, shape and the table
-fields it reads. Reference values come from numerical integration of the definition
-(scipy's quad over the log-normal), never from the closed form under test."""
+"""The ``density`` score (kvcast.exporters.kit.density, read by .index): its definition,
+bounds, shape and the table fields it reads. Reference values come from numerical
+integration of the definition (scipy's quad over the log-normal), never from the closed form
+under test."""
 
 from __future__ import annotations
 
@@ -12,22 +13,18 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from scipy import integrate, stats
 
-from kvcast.stats.density import flip_time, pooled_law
-from kvcast.stats.priority import (
-    AGE_BUCKETS,
+from kvcast.exporters.kit.ages import AGE_BUCKETS, age_bucket, bucket_age, bucket_start, flip_time
+from kvcast.exporters.kit.checks import TableError
+from kvcast.exporters.kit.density import (
     DEFAULT_HORIZON_S,
     DEFAULT_SIGMA,
     DensityCurve,
-    PriorityIndex,
-    TableError,
-    age_bucket,
-    bucket_age,
-    bucket_start,
     hit_density,
     residency,
     reuse_within,
-    smoothed_p,
 )
+from kvcast.exporters.kit.index import PriorityIndex
+from kvcast.exporters.kit.laws import pooled_law, smoothed_p
 
 probabilities = st.floats(0.0, 1.0, allow_subnormal=False)
 mus = st.floats(-1.0, 9.0)  # log-seconds: medians from 0.4 s to 2.25 h

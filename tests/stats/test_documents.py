@@ -2,7 +2,7 @@
 
 The reference is the old refresh's construction, written out here: ``Forecast.to_dict()`` with
 the refresh's keys appended, the shadow document with its error, and ``table_document`` as
-``kvcast.stats.priority`` builds it. A renamed or added key on either side fails here.
+``kvcast.stats.table`` builds it. A renamed or added key on either side fails here.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from kvcast.stats.documents import DocumentError, ForecastDocument, ShadowCurve,
 from kvcast.stats.engine import StatsEngine
 from kvcast.stats.events import parse_event
 from kvcast.stats.forecast import forecast_from_sample
-from kvcast.stats.priority import table_document
 from kvcast.stats.snapshot import Snapshot
+from kvcast.stats.table import table_document
 from kvcast.stats.tiers import Tier
 from tests.support import shared_prefix_events
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import orjson
 
+from kvcast.exporters.kit.index import PriorityIndex
 from kvcast.stats.config import StatsConfig
-from kvcast.stats.priority import PriorityIndex, table_document
 from kvcast.stats.replay import offline_statistics
+from kvcast.stats.table import table_document
 
 CONFIG = StatsConfig(completion_timeout_s=900, allowed_lateness_s=30)
 SESSIONS, TURNS, MOVED_AFTER = 20, 4, 2

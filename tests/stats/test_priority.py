@@ -15,8 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import kvcast.stats.ranking as ranking
-from kvcast.stats.priority import AGE_BUCKETS, PriorityIndex, TableError, age_bucket, bucket_start
+import kvcast.exporters.kit.ranking as ranking
+from kvcast.exporters.kit.ages import AGE_BUCKETS, FIRST_AGES, age_bucket, bucket_start
+from kvcast.exporters.kit.checks import TableError
+from kvcast.exporters.kit.index import PriorityIndex
 
 
 def table(*states: tuple[str, int, float, float], **extra: object) -> dict[str, object]:
@@ -203,7 +205,7 @@ def without_numpy() -> Iterator[None]:
         ranking.fast = saved
 
 
-STARTS = ranking.bucket_starts()
+STARTS = list(FIRST_AGES[1:])  # what the numpy ranking searches in
 # Ages where the bucket turns (exactly, and as bucket_start says), and one float to each side:
 # an off-by-one shows there.
 TURNS_AT = STARTS + [bucket_start(k) for k in range(AGE_BUCKETS)]
@@ -227,6 +229,7 @@ CANDIDATE = st.tuples(st.sampled_from(STATES), AGES, SIZES)
 
 def test_bucket_starts_are_where_age_bucket_turns() -> None:
     assert len(STARTS) == AGE_BUCKETS - 1
+    assert FIRST_AGES[0] == 0.0
     assert sorted(STARTS) == STARTS
     for k, start in enumerate(STARTS, 1):
         assert age_bucket(start) == k, k
@@ -392,7 +395,7 @@ def test_density_rankings_without_numpy_installed() -> None:
                 if name == "numpy" or name.startswith("numpy."):
                     raise ImportError("blocked: " + name)
         sys.meta_path.insert(0, Refuse())
-        from kvcast.stats.priority import PriorityIndex
+        from kvcast.exporters.kit.index import PriorityIndex
         index = PriorityIndex()
         rng = random.Random(1)
         nodes = [("x", 1, rng.uniform(0, 900), rng.randint(1, 64)) for _ in range(200)]

@@ -278,8 +278,10 @@ def test_the_shared_part_reports_its_blocks_hits_and_rate() -> None:
 def test_the_table_carries_the_shared_blocks_reuse_law() -> None:
     """``shared`` in the table: p = references / (references + lives), the block-weighted
     log-normal fit of the gaps, stretched by the instances; the index's shared curve uses it."""
-    from kvcast.stats.density import DensityCurve, smoothed_p
-    from kvcast.stats.priority import SHARED_INTENT, PriorityIndex, table_document
+    from kvcast.exporters.kit.density import DensityCurve
+    from kvcast.exporters.kit.index import SHARED_INTENT, PriorityIndex
+    from kvcast.exporters.kit.laws import smoothed_p
+    from kvcast.stats.table import table_document
 
     events = shared_prefix_events(400, seed=5)
     runs = brute_force_runs(events)
@@ -306,7 +308,8 @@ def test_the_table_carries_the_shared_blocks_reuse_law() -> None:
 
 
 def test_without_block_hashes_the_table_has_no_shared_law() -> None:
-    from kvcast.stats.priority import SHARED_INTENT, PriorityIndex, table_document
+    from kvcast.exporters.kit.index import SHARED_INTENT, PriorityIndex
+    from kvcast.stats.table import table_document
 
     events = shared_prefix_events(100, seed=1)
     for e in events:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from kvcast.exporters.kit.index import PriorityIndex
 from kvcast.lab.bench.client_bench import run_client_bench, synthetic_table
-from kvcast.stats.priority import PriorityIndex
 
 
 def test_bench_rows() -> None:

@@ -1,5 +1,5 @@
 """The (state, age) bound of the policy report: the empirical hit density is the definition
-counted by hand and converges to the closed form of ``kvcast.stats.density``; the delays are
+counted by hand and converges to the closed form of ``kvcast.exporters.kit.density``; the delays are
 each request's to its conversation's next turn; the bound is run where the gap target is."""
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvcast.exporters.kit.ages import AGE_BUCKETS, bucket_age
+from kvcast.exporters.kit.density import hit_density
 from kvcast.lab.reports.policy_bound import (
     BoundRow,
     bound_rows,
@@ -21,7 +23,6 @@ from kvcast.lab.reports.policy_bound import (
 from kvcast.lab.reports.policy_report import generated_workload
 from kvcast.lab.sim.registry import simulate
 from kvcast.lab.sim.trace import SimTrace
-from kvcast.stats.density import AGE_BUCKETS, bucket_age, hit_density
 
 delays_st = st.lists(st.one_of(st.floats(0.0, 5_000.0), st.just(math.inf)), min_size=1, max_size=60)
 

@@ -5,7 +5,7 @@ keeps its heaps within a bound of the cache's capacity.
 The workload's times lie on a grid of 1/1024 s, exact in floating point at every offset up to
 2^43 s, so its ages (differences of times) are the same floats at every offset and any
 difference in the results comes from the policy's own flip times. Before flip times were
-taken with ``kvcast.stats.density.flip_time``, a fixed nudge of 1e-9 s was below the clock's
+taken with ``kvcast.exporters.kit.ages.flip_time``, a fixed nudge of 1e-9 s was below the clock's
 float spacing at 1.7e9 s (2.4e-7 s): a flip came due again at once and re-queued itself
 forever, the heaps growing without end (issue 33)."""
 
@@ -16,6 +16,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from kvcast.exporters.kit.index import PriorityIndex
 from kvcast.lab.sim import block_cache
 from kvcast.lab.sim.block_cache import COMPACT_MIN, BlockCache
 from kvcast.lab.sim.block_policies import Density, density_block
@@ -24,7 +25,6 @@ from kvcast.lab.sim.policy_tables import learn_table
 from kvcast.lab.sim.trace import SimTrace
 from kvcast.lab.workload.generator import generate
 from kvcast.lab.workload.presets import preset
-from kvcast.stats.priority import PriorityIndex
 from tests.deadline import deadline
 
 OFFSETS = (0.0, 1e6, 1.7e9, 1e12)  # s: a fresh clock, a host up 12 days, epoch, far beyond

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvcast.exporters.kit.index import SHARED_INTENT, PriorityIndex
 from kvcast.lab.sim.block_cache import block_layout
 from kvcast.lab.sim.block_policies import density_block
 from kvcast.lab.sim.conversation_policies import density_conversation, iac_conversation
@@ -20,7 +21,6 @@ from kvcast.lab.sim.registry import simulate
 from kvcast.lab.sim.trace import SimTrace
 from kvcast.lab.workload.generator import generate
 from kvcast.lab.workload.presets import preset
-from kvcast.stats.priority import SHARED_INTENT, PriorityIndex
 
 
 def reference_block_cache(trace: SimTrace, capacity: int, index: PriorityIndex) -> list[int]:

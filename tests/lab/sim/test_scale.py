@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvcast.exporters.kit.index import PriorityIndex
 from kvcast.lab.sim.block_cache import BlockCache, Strategy, block_layout, trie_layout, trie_nodes
 from kvcast.lab.sim.block_policies import IAC, LRU, Density
 from kvcast.lab.sim.policy_tables import learn_table
@@ -24,7 +25,6 @@ from kvcast.lab.sim.registry import get_policy
 from kvcast.lab.sim.trace import BlockHashes, SimTrace
 from kvcast.lab.workload.generator import generate
 from kvcast.lab.workload.presets import preset
-from kvcast.stats.priority import PriorityIndex
 
 POLICIES = ("lru", "lfu", "gdsf", "iac", "density", "tbs")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from kvcast.stats.priority import POLICIES, PriorityIndex
+from kvcast.exporters.kit.index import POLICIES, PriorityIndex
 
 __all__ = [
     "INTENT_KEY",
@@ -28,7 +28,7 @@ TURN_KEY = "kvcast_turn"
 
 
 class HasIndex(Protocol):
-    """A :class:`~kvcast.exporters.client.TableClient`, or anything holding the live index."""
+    """A :class:`~kvcast.exporters.kit.client.TableClient`, or anything holding the live index."""
 
     index: PriorityIndex
 

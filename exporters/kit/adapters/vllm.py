@@ -1,8 +1,8 @@
 """kvcast inside vLLM 0.33.0: the IAC free-block queue put into a block pool, and requests
 tagged with their state where ``KVCacheManager.free`` frees their blocks.
 
-The queue itself is :mod:`kvcast.exporters.adapters.vllm_queue`; the plugin entry point that
-installs all of this into every vLLM process is :func:`kvcast.exporters.plugins.register_vllm`.
+The queue itself is :mod:`kvcast.exporters.kit.adapters.vllm_queue`; the plugin entry point that
+installs all of this into every vLLM process is :func:`kvcast.exporters.kit.plugins.register_vllm`.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kvcast.exporters.adapters.request_state import INTENT_KEY, TURN_KEY, HasIndex, state_from
-from kvcast.exporters.adapters.vllm_queue import IACFreeBlockQueue
-from kvcast.stats.priority import PriorityIndex
+from kvcast.exporters.kit.adapters.request_state import INTENT_KEY, TURN_KEY, HasIndex, state_from
+from kvcast.exporters.kit.adapters.vllm_queue import IACFreeBlockQueue
+from kvcast.exporters.kit.index import PriorityIndex
 
 __all__ = [
     "INTENT_KEY",

@@ -1,5 +1,5 @@
 """The ``density`` order of kvcast's vLLM queue: one heap over the ends of the state lists
-(:mod:`kvcast.exporters.adapters.vllm_lists`).
+(:mod:`kvcast.exporters.kit.adapters.vllm_lists`).
 
 A block's key is the client's (``PriorityIndex.priority(..., policy="density")`` with the size
 of one block): its state's density at the age since its run was freed, ties oldest first. A
@@ -26,9 +26,8 @@ import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from kvcast.exporters.adapters.vllm_lists import Link, StateList, run_blocks, take_run
-from kvcast.stats.density import flip_time
-from kvcast.stats.priority import AGE_BUCKETS, age_bucket
+from kvcast.exporters.kit.adapters.vllm_lists import Link, StateList, run_blocks, take_run
+from kvcast.exporters.kit.ages import AGE_BUCKETS, age_bucket, flip_time
 
 __all__ = ["HEAD", "TAIL", "DensityHeap"]
 

@@ -24,7 +24,7 @@ What kvcast adds:
   the table's ``shared`` law (``SHARED_INTENT``) instead of their last request's state;
 - :func:`build_cache`: SGLang's default cache with the two above, which
   ``--radix-cache-backend kvcast`` builds (registered by
-  :func:`kvcast.exporters.plugins.register_sglang`); :func:`install` for a cache built by hand.
+  :func:`kvcast.exporters.kit.plugins.register_sglang`); :func:`install` for a cache built by hand.
 
 The order. Untagged nodes go first, among themselves in SGLang's LRU order, so that a cache
 with nothing tagged evicts exactly as stock. Tagged nodes follow, by the IAC tuple of SPEC
@@ -43,8 +43,9 @@ from collections.abc import Callable
 from math import log1p
 from typing import Any
 
-from kvcast.exporters.adapters.request_state import HasIndex, live_table, policy_of, state_from
-from kvcast.stats.priority import AGE_BUCKETS, PER_OCTAVE, SHARED_INTENT, PriorityIndex
+from kvcast.exporters.kit.adapters.request_state import HasIndex, live_table, policy_of, state_from
+from kvcast.exporters.kit.ages import AGE_BUCKETS, PER_OCTAVE
+from kvcast.exporters.kit.index import SHARED_INTENT, PriorityIndex
 
 __all__ = [
     "BACKEND_NAME",

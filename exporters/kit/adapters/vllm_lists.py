@@ -1,4 +1,4 @@
-"""The free lists of kvcast's vLLM queue (:mod:`kvcast.exporters.adapters.vllm_queue`): one
+"""The free lists of kvcast's vLLM queue (:mod:`kvcast.exporters.kit.adapters.vllm_queue`): one
 list per table state, a chain of *runs* (the blocks one request freed, behind a run head).
 
 A list is doubly linked through vLLM's own block fields (``prev_free_block`` /

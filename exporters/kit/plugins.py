@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from kvcast.exporters.adapters import sglang
-from kvcast.exporters.adapters.vllm import IACFreeBlockQueue, marking_lookup, tagging_free
-from kvcast.exporters.client import TableClient
+from kvcast.exporters.kit.adapters import sglang
+from kvcast.exporters.kit.adapters.vllm import IACFreeBlockQueue, marking_lookup, tagging_free
+from kvcast.exporters.kit.client import TableClient
 
 __all__ = ["POLICY_ENV", "TABLE_ENV", "register_sglang", "register_vllm"]
 
@@ -50,7 +50,7 @@ def register_vllm() -> None:
 def register_sglang() -> None:
     """Make ``--radix-cache-backend kvcast`` a name SGLang knows. Selecting it builds SGLang's
     default cache on the Python tree core with kvcast installed, bound to a ``TableClient`` of
-    ``KVCAST_TABLE`` (:func:`kvcast.exporters.adapters.sglang.build_cache`); without the flag,
+    ``KVCAST_TABLE`` (:func:`kvcast.exporters.kit.adapters.sglang.build_cache`); without the flag,
     nothing changes."""
     from sglang.srt.mem_cache.registry import (
         register_radix_cache_backend,

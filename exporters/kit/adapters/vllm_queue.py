@@ -1,5 +1,5 @@
 """The free-block queue of vLLM with cached blocks evicted in IAC order (vLLM is not a
-dependency; :mod:`kvcast.exporters.adapters.vllm` installs it).
+dependency; :mod:`kvcast.exporters.kit.adapters.vllm` installs it).
 
 vLLM's ``BlockPool`` keeps every free block in one ``FreeKVCacheBlockQueue``, a doubly linked
 list threaded through the blocks' own ``prev_free_block`` / ``next_free_block`` fields: it
@@ -18,7 +18,7 @@ operation is O(1) per block plus one pass over the table's states per ``popleft_
 is read once per freed request, never per block.
 
 A state's list is a chain of *runs*, one per freed request, each behind a run head that
-carries its list and the time it was freed (:mod:`kvcast.exporters.adapters.vllm_lists`):
+carries its list and the time it was freed (:mod:`kvcast.exporters.kit.adapters.vllm_lists`):
 blocks carry nothing of kvcast's (vLLM's ``KVCacheBlock`` is a slots dataclass and takes no
 new attributes), and taking or putting back a block costs what it costs in vLLM's own list
 plus one test (is the next node a block?).
@@ -26,11 +26,11 @@ plus one test (is the next node a block?).
 Under the ``density`` policy (the table's client ranks by it: ``TableClient(..., policy=
 "density")``) the tagged blocks go lowest hit density first, the key of
 ``PriorityIndex.priority(..., policy="density")`` with the size of one block, from a heap over
-the lists' ends (:mod:`kvcast.exporters.adapters.vllm_density`): O(log states) per run taken.
+the lists' ends (:mod:`kvcast.exporters.kit.adapters.vllm_density`): O(log states) per run taken.
 
 Shared blocks (``density`` with a table that carries the shared blocks' reuse law): a block
 that a turn-1 request found cached is shared by two conversations (a turn-1 request has no
-history of its own; :func:`kvcast.exporters.adapters.vllm.marking_lookup` marks them with
+history of its own; :func:`kvcast.exporters.kit.adapters.vllm.marking_lookup` marks them with
 :meth:`IACFreeBlockQueue.mark_shared`). When freed, a request's marked blocks (its leading
 ones: a request's marked blocks are a prefix of it) wait in the list of
 ``SHARED_INTENT`` instead of their request's state, valued by the table's ``shared`` law.
@@ -47,9 +47,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from kvcast.exporters.adapters.request_state import HasIndex, live_table, policy_of
-from kvcast.exporters.adapters.vllm_density import HEAD, DensityHeap, density_order
-from kvcast.exporters.adapters.vllm_lists import (
+from kvcast.exporters.kit.adapters.request_state import HasIndex, live_table, policy_of
+from kvcast.exporters.kit.adapters.vllm_density import HEAD, DensityHeap, density_order
+from kvcast.exporters.kit.adapters.vllm_lists import (
     Link,
     StateList,
     append_run,
@@ -59,7 +59,7 @@ from kvcast.exporters.adapters.vllm_lists import (
     run_blocks,
     take_run,
 )
-from kvcast.stats.priority import SHARED_INTENT, PriorityIndex
+from kvcast.exporters.kit.index import SHARED_INTENT, PriorityIndex
 
 __all__ = ["IACFreeBlockQueue"]
 

@@ -41,16 +41,9 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
-from kvcast.stats.priority import (
-    POLICIES,
-    SHARED_INTENT,
-    DensityKey,
-    Priority,
-    PriorityIndex,
-    TableError,
-    redis_table_key,
-)
-from kvcast.stats.store_url import CLUSTER, SENTINEL, StoreURLError
+from kvcast.exporters.kit.checks import TableError
+from kvcast.exporters.kit.index import POLICIES, SHARED_INTENT, DensityKey, Priority, PriorityIndex
+from kvcast.stats.store_url import CLUSTER, SENTINEL, StoreURLError, table_key
 from kvcast.stats.store_url import parse as parse_store_url
 
 __all__ = [
@@ -62,7 +55,6 @@ __all__ = [
     "TableSource",
     "TableSourceError",
     "open_source",
-    "redis_table_key",
 ]
 
 log = logging.getLogger(__name__)
@@ -161,7 +153,7 @@ class RedisTableSource:
                 raise ValueError(f"table source: {exc}") from None
         if scheme not in CLUSTER_SCHEMES:
             self._client = _redis_client(url, timeout_s)
-        self.key = redis_table_key(namespace)
+        self.key = table_key(namespace)
         self._last: bytes | None = None
 
     def fetch(self) -> Mapping[str, Any] | None:

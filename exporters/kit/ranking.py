@@ -1,14 +1,14 @@
 """Many eviction candidates ranked by density at once: the engine's hot path behind
 ``PriorityIndex.rank_by_density`` and ``PriorityIndex.rank(..., policy="density")``.
 
-A candidate's key is its state's curve value at its age's bucket (``kvcast.stats.density``),
+A candidate's key is its state's curve value at its age's bucket (``kvcast.exporters.kit.ages``),
 divided by its size; lowest first, a stable sort. From a few dozen candidates up, and where
 numpy is installed, the buckets (a binary search in the table of the exact floats where
 ``age_bucket`` turns), the division and the sort run in numpy; anything numpy cannot take
 exactly (a non-finite age or key, a zero size, a short column) goes the pure-Python way of
 the caller, which gives the same order or the same error.
 
-Standard library at import time (the engine-side client imports it); numpy on first use.
+Standard library at import time (the engine kit's rule); numpy on first use.
 """
 
 from __future__ import annotations
@@ -21,18 +21,15 @@ from struct import error as StructError
 from struct import pack
 from typing import Any
 
-from kvcast.stats.density import AGE_BUCKETS, PER_OCTAVE, age_bucket, bucket_start
+from kvcast.exporters.kit.ages import AGE_BUCKETS, BUCKET_SCALE, FIRST_AGES
 
 __all__ = [
-    "BUCKET_SCALE",
     "FAST_MIN_TUPLES",
-    "bucket_starts",
     "fast",
     "rank_columns",
     "rank_rows",
 ]
 
-BUCKET_SCALE = PER_OCTAVE / math.log(2.0)  # the age grid of age_bucket
 # Candidates from which numpy ranks (below: its calls cost more than they save), from columns
 # and from (intent, turn, age, size) rows.
 FAST_MIN, FAST_MIN_TUPLES = 64, 96
@@ -117,22 +114,6 @@ def _numpy_keys(
     return np, ages, keys
 
 
-def bucket_starts() -> list[float]:
-    """For each bucket ``k >= 1`` of :func:`~kvcast.stats.density.age_bucket`, the smallest age
-    (a float) in it or above: ``age_bucket(a) == k`` exactly for ``starts[k - 1] <= a <
-    starts[k]`` (``a`` finite), so that a binary search gives the bucket without a ``log1p``.
-    From ``bucket_start``, moved to the float where ``int(log1p(a) * scale)`` turns."""
-    starts = []
-    for k in range(1, AGE_BUCKETS):
-        age = bucket_start(k)
-        while age_bucket(age) >= k:
-            age = math.nextafter(age, -math.inf)
-        while age_bucket(age) < k:
-            age = math.nextafter(age, math.inf)
-        starts.append(age)
-    return starts
-
-
 def order_by_bits(np: Any, keys: Any) -> Any:
     """A stable argsort of float ``keys`` through their bits (the order of the floats where all
     are finite and >= 0, and faster to sort); None where one is not (NaN, an infinity, a
@@ -161,10 +142,11 @@ def older_first(order: list[int], tied: list[int], ages_s: Sequence[float]) -> l
 
 @functools.cache
 def fast() -> tuple[Any, Any] | None:
-    """numpy and :func:`bucket_starts` as an array, imported on first use (the engine-side
-    client must load without numpy); None where numpy is not installed."""
+    """numpy and the bucket starts (``ages.FIRST_AGES`` of buckets 1 and up: ``age_bucket(a) ==
+    k`` exactly for ``starts[k - 1] <= a < starts[k]``, ``a`` finite) as an array, imported on
+    first use (the kit must load without numpy); None where numpy is not installed."""
     try:
         import numpy
     except ImportError:
         return None
-    return numpy, numpy.array(bucket_starts())
+    return numpy, numpy.array(FIRST_AGES[1:])

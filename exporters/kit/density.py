@@ -1,13 +1,17 @@
 """The ``density`` eviction priority: hit density of a cached block given its state and age.
 
-Pure arithmetic on the standard library (the engine-side client imports it through
-:mod:`kvcast.stats.priority`, which builds each table state's :class:`DensityCurve`).
+Pure arithmetic on the standard library: the closed form of one state's score and its
+:class:`DensityCurve` on the age grid (``kvcast.exporters.kit.ages``); the index
+(``kvcast.exporters.kit.index``) builds one curve per table state, from the law
+``kvcast.exporters.kit.laws`` reads off the state's row.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+
+from kvcast.exporters.kit.ages import AGE_BUCKETS, age_bucket, bucket_age
 
 # The ``density`` eviction priority: hit density of a cached block given its state and age.
 #
@@ -29,14 +33,12 @@ from collections.abc import Sequence
 # derivation and the choices (horizon, smoothing of ``p``, defaults) are in ``docs/policies.md``.
 #
 # Engines need it per candidate in O(1): :class:`DensityCurve` holds a state's score on a fixed
-# grid of ages (:data:`PER_OCTAVE` steps per doubling of ``1 + a``), computed once per state and
+# grid of ages (``ages.PER_OCTAVE`` steps per doubling of ``1 + a``), computed once per state and
 # table. The curve is made unimodal in age (non-decreasing up to its peak, non-increasing after:
 # a running max before, a running min after), the peak at the latest at the 99th percentile of
 # the state's delays, so a block that outlived its state's delays only ever loses priority. For
 # p < 1 (every smoothed table p) the log-normal's score already has that shape and the envelope
 # changes nothing; for p = 1 and narrow delays the reuse hazard would still rise there.
-#
-# Standard library only: the engine-side client imports it.
 
 DEFAULT_SIGMA = 1.0  # log-seconds; a state without delays (the IAC paper's log-variance 1)
 DEFAULT_HORIZON_S = 600.0  # a table without a characteristic time (no forecast yet)
@@ -47,9 +49,6 @@ DEFAULT_HORIZON_S = 600.0  # a table without a characteristic time (no forecast 
 # (docs/policies.md).
 MIN_HORIZON_S = 60.0
 MIN_SIGMA = 0.05  # log-seconds: two equal delays fit sigma = 0; keep the law a density
-PER_OCTAVE = 8  # age buckets per doubling of (1 + age s): steps of 9%
-AGE_BUCKETS = PER_OCTAVE * 31  # up to 2^31 s of age; older ages share the last bucket
-_SCALE = PER_OCTAVE / math.log(2.0)
 _SQRT2 = math.sqrt(2.0)
 _Z99 = 2.33  # the standard normal's 99th percentile
 
@@ -142,101 +141,6 @@ def hit_density(
     if held <= 0.0:
         return 0.0
     return max(reused, 0.0) / (held * size)
-
-
-def smoothed_p(p_continue: float, conversations: int | None) -> float:
-    """``P(t+1 | i, t)`` by Laplace's rule of succession over the state's conversations.
-
-    A state whose few conversations all continued has ``p = 1``: the model would then say
-    its blocks are never dead, however old; ``(k + 1) / (n + 2)`` keeps every state mortal
-    and leaves well-observed states as they are. ``conversations`` None or 0: unchanged.
-    """
-    if not conversations:
-        return p_continue
-    return (p_continue * conversations + 1.0) / (conversations + 2.0)
-
-
-def pooled_law(
-    continues: Sequence[tuple[float, float]],
-    delays: Sequence[tuple[float, float, float]],
-    default: tuple[float, float, float],
-) -> tuple[float, float, float]:
-    """``(p, mu, sigma)`` of a state the table does not list: the listed states pooled.
-
-    ``continues``: ``(p, conversations)`` of every listed state; ``delays``: ``(mu, sigma,
-    weight)`` of the states whose log-normal was fitted to their delays, ``weight`` the
-    delays' count (conversations times p). ``p`` is the conversations' mean; the delay law is
-    the log-normal with the mixture's mean and variance of ``log W`` (log-seconds). Where
-    nothing is listed, ``default``. Why: next to measured states, a made-up law (p = 0.5,
-    150 s) ranks an unlisted state's blocks by a reuse the traffic never showed (on agent
-    traffic every turn-1 block, docs/policies.md).
-    """
-    total = sum(n for _, n in continues)
-    if not total > 0.0:
-        return default
-    p = sum(q * n for q, n in continues) / total
-    weight = sum(w for _, _, w in delays)
-    if not weight > 0.0:
-        return (p, default[1], default[2])
-    mu = sum(m * w for m, _, w in delays) / weight
-    var = sum((s * s + (m - mu) ** 2) * w for m, s, w in delays) / weight
-    return (p, mu, math.sqrt(var))
-
-
-def age_bucket(age_s: float) -> int:
-    """The bucket of an age (s): ``floor(PER_OCTAVE * log2(1 + a))``, clipped to the grid."""
-    if not age_s > 0.0:
-        return 0
-    k = int(math.log1p(age_s) * _SCALE)
-    return k if k < AGE_BUCKETS else AGE_BUCKETS - 1
-
-
-def bucket_age(k: int) -> float:
-    """The age (s) a bucket is valued at: the geometric middle of its ``1 + a`` range."""
-    return 2.0 ** ((k + 0.5) / PER_OCTAVE) - 1.0
-
-
-def bucket_start(k: int) -> float:
-    """The first age (s) of bucket ``k``; ``bucket_start(k + 1)`` is where its value changes."""
-    return 2.0 ** (k / PER_OCTAVE) - 1.0
-
-
-def _first_age(k: int) -> float:
-    """The smallest float age (s) that :func:`age_bucket` puts in bucket ``k`` or later:
-    :func:`bucket_start`, moved to the float where ``int(log1p(a) * scale)`` turns."""
-    if k <= 0:
-        return 0.0
-    age = bucket_start(k)
-    while age_bucket(age) >= k:
-        age = math.nextafter(age, -math.inf)
-    while age_bucket(age) < k:
-        age = math.nextafter(age, math.inf)
-    return age
-
-
-_FIRST_AGES = [_first_age(k) for k in range(AGE_BUCKETS)]
-
-
-def flip_time(origin_s: float, bucket: int) -> float:
-    """The clock time (s) from which an item aged since ``origin_s`` (clock s) is in age
-    bucket ``bucket`` or later: a float ``f`` with ``age_bucket(f - origin_s) >= bucket``,
-    as computed in floating point, at most one step of the clock's float grid after the
-    earliest such time.
-
-    Whatever the clock's magnitude (0, ``time.monotonic()`` on a long-running host, epoch
-    seconds, 1e12): an item whose age at ``now`` lies in a lower bucket has a flip time
-    strictly after ``now`` (``a - origin_s`` never falls as ``a`` rises, nor ``age_bucket``
-    as the age does), so a flip handled at ``now`` can never be due at ``now`` again. A nudge
-    by a fixed fraction of a second cannot promise that: at 1.7e9 s the clock's floats are
-    2.4e-7 s apart, at 1e12 s 1.2e-4 s. ``bucket`` in ``1 .. AGE_BUCKETS - 1``.
-    """
-    first = _FIRST_AGES[bucket]
-    when = origin_s + first
-    # The sum rounds to the clock's grid, possibly below origin + first: step up to the next
-    # float (once, barring a pathological origin) until the age there is in the bucket.
-    while when - origin_s < first:
-        when = math.nextafter(when, math.inf)
-    return when
 
 
 def _unimodal(values: Sequence[float], last_peak: int) -> list[float]:

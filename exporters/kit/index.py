@@ -1,6 +1,7 @@
-"""The priority table (SPEC section 5): its JSON form, its Redis key, its index and the IAC
-eviction priority over it (pure dictionary work). Engines read it through
-``kvcast.exporters.client``; the daemon builds it with :func:`table_document`.
+"""The index engines rank by: a priority table (SPEC section 5) read into an immutable
+lookup, and the IAC and ``density`` eviction priorities over it (pure dictionary work).
+Engines read the table through ``kvcast.exporters.kit.client``; the daemon writes it with
+``kvcast.stats.table.table_document``.
 
 A :class:`PriorityIndex` is built once per table version and never changes afterwards, so
 readers on any thread can use it without a lock while a refresher builds the next one.
@@ -18,71 +19,49 @@ is not used for deeper turns: its ``P`` is 0 by construction (no conversation of
 went further), which would evict a conversation that evidently did go further first.
 
 Policies: ``iac`` is the tuple above (SPEC Eq. 1, exactly); ``density`` ranks by the hit
-density below (the probability of reuse within the horizon given the
-state and the age, per second of expected residency and per unit of size), lowest first, the
-horizon being the table's ``characteristic_time_s`` (the live forecast's ``T_C``). Its key is
-``(density, -age_s)``: equal densities (the same state and age bucket) evict the older first.
+density of ``kvcast.exporters.kit.density`` (the probability of reuse within the horizon
+given the state and the age, per second of expected residency and per unit of size), lowest
+first, the horizon being the table's ``characteristic_time_s`` (the live forecast's ``T_C``),
+each state's law read by ``kvcast.exporters.kit.laws``. Its key is ``(density, -age_s)``:
+equal densities (the same state and age bucket) evict the older first.
 
-This module imports only the standard library (the engine-side client imports it); the two
-density rankings of many candidates (:mod:`kvcast.stats.ranking`) import numpy on first use
-where it is installed (the bucket search and the sort) and run in pure Python where it is not,
-with the same result.
+This module imports only the standard library; the two density rankings of many candidates
+(:mod:`kvcast.exporters.kit.ranking`) import numpy on first use where it is installed (the
+bucket search and the sort) and run in pure Python where it is not, with the same result.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from kvcast.stats.density import (
-    AGE_BUCKETS,
+from kvcast.exporters.kit.ages import AGE_BUCKETS, BUCKET_SCALE
+from kvcast.exporters.kit.checks import (
+    TableError,
+    checked_median,
+    checked_optional,
+    checked_p,
+    checked_turn,
+)
+from kvcast.exporters.kit.density import (
     DEFAULT_HORIZON_S,
     DEFAULT_SIGMA,
     MIN_HORIZON_S,
-    PER_OCTAVE,
     DensityCurve,
-    age_bucket,
-    bucket_age,
-    bucket_start,
-    hit_density,
-    pooled_law,
-    residency,
-    reuse_within,
-    smoothed_p,
 )
-from kvcast.stats.ranking import BUCKET_SCALE, FAST_MIN_TUPLES, rank_columns, rank_rows
-from kvcast.stats.store_url import table_key
-
-if TYPE_CHECKING:
-    from kvcast.stats.config import StatsConfig
-    from kvcast.stats.snapshot import SharedReuse, Snapshot
+from kvcast.exporters.kit.laws import Law, fitted_sigma, pooled_law, row_law, shared_law
+from kvcast.exporters.kit.ranking import FAST_MIN_TUPLES, rank_columns, rank_rows
 
 __all__ = [
-    "AGE_BUCKETS",
-    "DEFAULT_HORIZON_S",
     "DEFAULT_MAX_TURN",
     "DEFAULT_MEDIAN_REUSE_S",
     "DEFAULT_P_CONTINUE",
-    "DEFAULT_SIGMA",
-    "MIN_HORIZON_S",
-    "PER_OCTAVE",
     "POLICIES",
     "SHARED_INTENT",
-    "DensityCurve",
+    "DensityKey",
     "Priority",
     "PriorityIndex",
-    "TableError",
-    "age_bucket",
-    "bucket_age",
-    "bucket_start",
-    "hit_density",
-    "redis_table_key",
-    "residency",
-    "reuse_within",
-    "smoothed_p",
-    "table_content_changed",
-    "table_document",
 ]
 
 DEFAULT_P_CONTINUE = 0.5
@@ -96,115 +75,6 @@ SHARED_INTENT = "kvcast:shared"
 Priority = tuple[int, float, float]  # (recency bit, P(t+1 | i, t), size in tokens)
 DensityKey = tuple[float, float]  # (hit density per token, -age s)
 POLICIES = ("iac", "density")
-TC_DIGITS = 3  # significant digits of the published T_C: a table is republished when it
-# changes, and T_C moves a little at every refresh without changing the ranking
-
-
-def redis_table_key(namespace: str) -> str:
-    """The one Redis key the table is published under (a single SET: never half a table);
-    the layout is :mod:`kvcast.stats.store_url`'s."""
-    return table_key(namespace)
-
-
-def table_document(
-    snapshot: Snapshot,
-    config: StatsConfig,
-    version: int,
-    characteristic_time_s: float | None = None,
-    instances: int = 1,
-) -> dict[str, Any]:
-    """The versioned table: one entry per observed (intent, turn) state, defaults filled in.
-
-    ``characteristic_time_s``: the live forecast's ``T_C`` (s), the ``density`` horizon
-    (None: not known yet; engines then use :data:`~this module.DEFAULT_HORIZON_S`).
-    ``instances``: engine instances behind session-affine routing; each sees the shared
-    blocks' references ``instances`` times further apart (the ``shared`` row's gaps).
-    """
-    t_c = characteristic_time_s
-    if t_c is not None and not (math.isfinite(t_c) and t_c > 0):
-        t_c = None
-    return {
-        "version": version,
-        "generated_at": snapshot.generated_at,
-        "window_conversations": snapshot.window_conversations,
-        # Turns above it share its state: clients cap a node's turn here before looking it up.
-        "max_turn": config.max_turn,
-        "defaults": {
-            "p_continue": config.default_p_continue,
-            "median_reuse_s": config.default_median_reuse_s,
-        },  # (an optional "sigma", log-s, would replace DEFAULT_SIGMA for unfitted states)
-        "characteristic_time_s": None if t_c is None else float(f"{t_c:.{TC_DIGITS}g}"),
-        "states": [state.to_dict() for state in snapshot.states],
-        "shared": _shared_row(snapshot.shared, config, instances),
-    }
-
-
-def _shared_row(shared: SharedReuse | None, config: StatsConfig, instances: int) -> Any:
-    """The table's ``shared`` entry: the reuse law of blocks that two or more conversations
-    share (a state of its own for the ``density`` policy), or None where the window saw none.
-
-    ``p_continue``: the chance that a reference is followed by another; ``mu``, ``sigma``: the
-    log-normal fit of the gaps (log s) as one of ``instances`` instances sees them (stretched
-    by ``instances``, as the forecast's shared term does); ``median_reuse_s`` its median, or
-    the default where fewer than ``min_delay_samples`` gaps were seen.
-    """
-    if shared is None:
-        return None
-    mu = None if shared.mu is None else shared.mu + math.log(max(instances, 1))
-    fitted = shared.references >= config.min_delay_samples
-    median = math.exp(mu) if fitted and mu is not None else config.default_median_reuse_s
-    return {
-        "p_continue": shared.p_continue,
-        "median_reuse_s": median,
-        "mu": mu,
-        "sigma": shared.sigma,
-        "references": shared.references,
-        "lives": shared.lives,
-    }
-
-
-def table_content_changed(previous: dict[str, Any] | None, current: dict[str, Any]) -> bool:
-    """Whether the table's content (everything but version and time stamp) differs."""
-    if previous is None:
-        return True
-    ignore = {"version", "generated_at"}
-    return any(previous.get(k) != v for k, v in current.items() if k not in ignore)
-
-
-class TableError(ValueError):
-    """A table document that does not follow SPEC section 5."""
-
-
-def _probability(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TableError(f"{where}: p_continue must be a number, got {value!r}")
-    if not 0.0 <= value <= 1.0:
-        raise TableError(f"{where}: p_continue must be in [0, 1], got {value!r}")
-    return float(value)
-
-
-def _median(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TableError(f"{where}: median_reuse_s must be a number, got {value!r}")
-    if not (value > 0 and math.isfinite(value)):
-        raise TableError(f"{where}: median_reuse_s must be finite and > 0, got {value!r}")
-    return float(value)
-
-
-def _optional_number(value: Any, where: str, name: str, positive: bool = False) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise TableError(f"{where}: {name} must be a finite number or null, got {value!r}")
-    if positive and not value > 0:
-        raise TableError(f"{where}: {name} must be > 0, got {value!r}")
-    return float(value)
-
-
-def _turn(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise TableError(f"{where}: turn must be an int >= 1, got {value!r}")
-    return value
 
 
 class PriorityIndex:
@@ -256,27 +126,27 @@ class PriorityIndex:
         defaults = doc.get("defaults") or {}
         if not isinstance(defaults, Mapping):
             raise TableError("defaults must be an object")
-        self.default_p = _probability(defaults.get("p_continue", DEFAULT_P_CONTINUE), "defaults")
-        self.default_median_s = _median(
+        self.default_p = checked_p(defaults.get("p_continue", DEFAULT_P_CONTINUE), "defaults")
+        self.default_median_s = checked_median(
             defaults.get("median_reuse_s", DEFAULT_MEDIAN_REUSE_S), "defaults"
         )
-        default_sigma = _optional_number(defaults.get("sigma"), "defaults", "sigma", True)
+        default_sigma = checked_optional(defaults.get("sigma"), "defaults", "sigma", True)
         self._default_law = (
             self.default_p,
             math.log(self.default_median_s),
             default_sigma if default_sigma is not None else DEFAULT_SIGMA,
         )
-        t_c = _optional_number(doc.get("characteristic_time_s"), "table", "characteristic_time_s")
+        t_c = checked_optional(doc.get("characteristic_time_s"), "table", "characteristic_time_s")
         self.horizon_s = max(
             t_c if t_c is not None and t_c > 0 else DEFAULT_HORIZON_S, MIN_HORIZON_S
         )
         cap = max_turn if max_turn is not None else doc.get("max_turn", DEFAULT_MAX_TURN)
-        self.max_turn = _turn(cap, "max_turn")
+        self.max_turn = checked_turn(cap, "max_turn")
         states = doc.get("states", [])
         if not isinstance(states, Sequence) or isinstance(states, (str, bytes)):
             raise TableError("states must be a list")
         lookup: dict[tuple[str, int], tuple[float, float]] = {}
-        laws: dict[tuple[str, int], tuple[float, float, float]] = {}
+        laws: dict[tuple[str, int], Law] = {}
         continues: list[tuple[float, float]] = []  # (p, conversations): the unlisted law
         delays: list[tuple[float, float, float]] = []  # (mu, sigma, delays) of fitted rows
         for position, row in enumerate(states):
@@ -286,22 +156,22 @@ class PriorityIndex:
             intent = row.get("intent")
             if not isinstance(intent, str):
                 raise TableError(f"{where}: intent must be a string, got {intent!r}")
-            turn = _turn(row.get("turn"), where)
-            median = _median(row.get("median_reuse_s"), where)
-            p = _probability(row.get("p_continue"), where)
+            turn = checked_turn(row.get("turn"), where)
+            median = checked_median(row.get("median_reuse_s"), where)
+            p = checked_p(row.get("p_continue"), where)
             lookup[(intent, turn)] = (median, p)
-            law = laws[(intent, turn)] = _law(row, where, median, p, self._default_law[2])
+            law = laws[(intent, turn)] = row_law(row, where, median, p, self._default_law[2])
             n = row.get("conversations")
             n = n if isinstance(n, int) and n > 0 else 1
             continues.append((law[0], n))
-            if _fitted(row, where, median) is not None:
+            if fitted_sigma(row, where, median) is not None:
                 delays.append((law[1], law[2], n * law[0]))
         self._states = lookup
         self._laws = laws
         # The density of a state the table does not list: its listed states pooled
-        # (stats.density.pooled_law); the defaults only where it lists none.
+        # (laws.pooled_law); the defaults only where it lists none.
         self._unlisted_law = pooled_law(continues, delays, self._default_law)
-        self._shared_law = _shared_law(doc.get("shared"), self._default_law[2])
+        self._shared_law = shared_law(doc.get("shared"), self._default_law[2])
         # Built on first use, per state (a few hundred erfc each); a race builds one twice.
         self._curves: dict[tuple[str, int] | None, DensityCurve] = {}
         self._values: dict[tuple[str, int], list[float]] = {}  # their values, for rank()
@@ -516,47 +386,3 @@ class PriorityIndex:
 
 
 _MAX_CURVES = 65_536  # unlisted (intent, turn) pairs remembered per table
-
-
-def _shared_law(row: Any, default_sigma: float) -> tuple[float, float, float] | None:
-    """``(p, mu, sigma)`` of the table's ``shared`` entry (None: absent or null), ``p``
-    smoothed by the references and lives it was counted from."""
-    if row is None:
-        return None
-    if not isinstance(row, Mapping):
-        raise TableError(f"shared must be an object or null, got {type(row).__name__}")
-    counts = []
-    for name in ("references", "lives"):
-        value = row.get(name, 0)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise TableError(f"shared: {name} must be an int >= 0, got {value!r}")
-        counts.append(value)
-    median = _median(row.get("median_reuse_s"), "shared")
-    p = _probability(row.get("p_continue"), "shared")
-    return _law({**row, "conversations": sum(counts)}, "shared", median, p, default_sigma)
-
-
-def _law(
-    row: Mapping[str, Any], where: str, median: float, p: float, default_sigma: float
-) -> tuple[float, float, float]:
-    """``(p, mu, sigma)`` of a table row for the density policy.
-
-    ``mu = log median_reuse_s`` always, so that the density's median is Eq. 1's (which holds
-    the defaults where the delays are too few); ``sigma`` is the row's where its ``mu`` is the
-    one the median came from, else the defaults'. ``p`` is smoothed by the conversations.
-    """
-    sigma = _fitted(row, where, median)
-    conversations = row.get("conversations")
-    n = conversations if isinstance(conversations, int) and conversations > 0 else None
-    return (smoothed_p(p, n), math.log(median), sigma if sigma else default_sigma)
-
-
-def _fitted(row: Mapping[str, Any], where: str, median: float) -> float | None:
-    """The row's ``sigma`` (log-s) where its ``mu`` is the one its median came from (a
-    log-normal fitted to its delays), else None."""
-    mu = _optional_number(row.get("mu"), where, "mu")
-    sigma = _optional_number(row.get("sigma"), where, "sigma")
-    if sigma is not None and sigma < 0:
-        raise TableError(f"{where}: sigma must be >= 0, got {sigma!r}")
-    fitted = mu is not None and sigma is not None and abs(math.exp(mu) - median) <= 1e-6 * median
-    return sigma if fitted else None
