@@ -38,7 +38,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvcast.lab.workload import generator as gen
-from kvcast.lab.workload.generator import Delay
+from kvcast.lab.workload.generator import Delay, DrawOptions
 
 if TYPE_CHECKING:
     from kvcast.lab.workload.generator import Trace
@@ -185,52 +185,20 @@ class AgentModel:
         return tuple(e.intent for e in self.endings)
 
     def draw(
-        self,
-        rng: np.random.Generator,
-        arrival: NDArray[np.float64],
-        *,
-        seed: int,
-        block_size: int,
-        prompts: bool,
-        session_prefix: str,
-        block_hashes: bool,
-        meta: dict[str, object],
+        self, rng: np.random.Generator, arrival: NDArray[np.float64], options: DrawOptions
     ) -> Trace:
         """The trace (``generate`` calls this for a model whose ``agent`` is this one)."""
-        return generate_agent(
-            self,
-            rng,
-            arrival,
-            seed=seed,
-            block_size=block_size,
-            prompts=prompts,
-            session_prefix=session_prefix,
-            block_hashes=block_hashes,
-            meta=meta,
-        )
+        return generate_agent(self, rng, arrival, options)
 
 
 @dataclass(frozen=True)
-class _Rows:
-    """Requests of a batch of conversations, rows in conversation order: ``tokens`` input
-    tokens; ``epoch`` the number of compactions before the row; ``ending`` its response's
-    ending; ``offset`` seconds since the conversation's first request."""
+class _Rows(gen.Rows):
+    """An agent's rows: ``tokens`` input tokens; ``epoch`` the number of compactions before
+    the row; ``ending`` its response's ending."""
 
-    turns: NDArray[np.int64]
-    conv_row: NDArray[np.int64]
-    turn_row: NDArray[np.int64]
     tokens: NDArray[np.int64]
     epoch: NDArray[np.int64]
     ending: NDArray[np.int64]
-    offset: NDArray[np.float64]
-    output: NDArray[np.int64]
-    choice: NDArray[np.int64] | None
-
-
-def _within(values: NDArray, starts: NDArray, conv_row: NDArray) -> NDArray:
-    """Exclusive cumulative sum of ``values`` within each conversation's rows."""
-    excl = np.cumsum(values) - values
-    return excl - excl[starts][conv_row]
 
 
 def _conversations(
@@ -244,9 +212,7 @@ def _conversations(
     ``first`` tokens (the draws' order is part of the seed's trace: do not reorder)."""
     n = turns.size
     rows = int(turns.sum())
-    starts = (np.cumsum(turns) - turns).astype(np.int64)
-    conv_row = np.repeat(np.arange(n, dtype=np.int64), turns)
-    turn_row = np.arange(rows, dtype=np.int64) - starts[conv_row] + 1
+    starts, conv_row, turn_row = gen.row_layout(turns)
     sizes = np.asarray([t for t, _ in am.windows], dtype=np.float64)
     weights = np.asarray([w for _, w in am.windows], dtype=np.float64)
     window = sizes[rng.choice(sizes.size, size=n, p=weights / weights.sum())]
@@ -274,41 +240,35 @@ def _conversations(
     ending = rng.choice(len(am.endings), size=rows, p=am.shares).astype(np.int64)
     expo = rng.standard_exponential(rows)
     norm = rng.standard_normal(rows)
-    wait = np.empty(rows, np.float64)
-    out_mean = np.empty(rows, np.float64)
-    for k, e in enumerate(am.endings):
-        sel = ending == k
-        law = e.delay
-        if law.kind == "exp":
-            wait[sel] = law.a * expo[sel]
-        else:
-            wait[sel] = np.exp(law.a + law.b * norm[sel])
-        out_mean[sel] = e.output_mean
-    wait += am.response_s
+    laws = [e.delay for e in am.endings]
+    lognormal = np.asarray([d.kind == "lognormal" for d in laws])[ending]
+    a = np.asarray([d.a for d in laws], np.float64)[ending]
+    b = np.asarray([d.b for d in laws], np.float64)[ending]
+    wait = gen.row_delays(lognormal, a, b, expo, norm) + am.response_s
     wait[turn_row == turns[conv_row]] = 0.0  # no wait after the last request
-    offset = _within(wait, starts, conv_row)
+    offset = gen.sum_before(wait, starts, conv_row)
+    out_mean = np.asarray([e.output_mean for e in am.endings], np.float64)[ending]
     output = rng.geometric(1.0 / out_mean).astype(np.int64)
     choice = rng.integers(0, 1 << 30, rows) if prompts else None
     return _Rows(
-        turns, conv_row, turn_row, tokens.astype(np.int64), epoch, ending, offset, output, choice
+        turns=turns,
+        conv_row=conv_row,
+        turn_row=turn_row,
+        offset=offset,
+        output=output,
+        choice=choice,
+        tokens=tokens.astype(np.int64),
+        epoch=epoch,
+        ending=ending,
     )
 
 
 def generate_agent(
-    am: AgentModel,
-    rng: np.random.Generator,
-    arrival: NDArray[np.float64],
-    *,
-    seed: int,
-    block_size: int,
-    prompts: bool,
-    session_prefix: str,
-    block_hashes: bool,
-    meta: dict[str, object],
+    am: AgentModel, rng: np.random.Generator, arrival: NDArray[np.float64], options: DrawOptions
 ) -> Trace:
     """The trace of roots arriving at ``arrival`` (s) and their sub-agents (see the module
     doc); ``rng`` is the seed's main stream after the arrivals were drawn."""
-    bs = block_size
+    bs, seed, prompts = options.block_size, options.seed, options.prompts
     n = arrival.size
     turns = am.turns.draw(rng, n)
     first = am.prefix_tokens + np.ceil(am.first_message.draw(rng, n)).astype(np.int64)
@@ -332,7 +292,7 @@ def generate_agent(
     b_turns = am.subagent_turns.draw(fork, m)
     # Drawn before the conversations, whose last draws are the optional prompt choices: a
     # trace with prompts is the same trace.
-    b_arrival = ts[at] + am.response_s + _sample(fork, am.subagent_delay, m)
+    b_arrival = ts[at] + am.response_s + am.subagent_delay.sample(fork, m)
     subs = _conversations(fork, am, b_turns, b_first, prompts)
 
     total = n + m
@@ -348,10 +308,7 @@ def generate_agent(
     parent_turn = np.concatenate((np.zeros(n, np.int64), b_turn))
     parent_row = np.concatenate((np.full(n, -1, np.int64), at))
     # Conversations numbered in arrival order (roots arrive in order already).
-    firsts = np.concatenate((arrival, b_arrival))
-    rank = np.empty(total, np.int64)
-    rank[np.argsort(firsts, kind="stable")] = np.arange(total)
-    inv = np.argsort(rank)
+    rank, inv = gen.arrival_rank(np.concatenate((arrival, b_arrival)))
     conv_row = rank[conv_row]
     parent = np.where(parent >= 0, rank[np.maximum(parent, 0)], -1)[inv]
     parent_turn, parent_row = parent_turn[inv], parent_row[inv]
@@ -362,7 +319,7 @@ def generate_agent(
     prefix = np.where((parent < 0) & (prefix_blocks > 0), 0, -1).astype(np.int64)
     order = np.argsort(ts, kind="stable")
     ids = None
-    if block_hashes:
+    if options.block_hashes:
         ids = _ids(am, seed, bs, conv_row, epoch, blocks, order, parent, parent_row, base)
     return gen.Trace(
         conversation=conv_row[order],
@@ -375,18 +332,12 @@ def generate_agent(
         intent_names=am.intent_names,
         block_size=bs,
         conversations=total,
-        session_prefix=session_prefix,
+        session_prefix=options.session_prefix,
         prompt_choice=None if choice is None else choice[order],
-        meta={**meta, "compactions": int(np.count_nonzero(np.diff(epoch) > 0))},
+        meta={**options.meta, "compactions": int(np.count_nonzero(np.diff(epoch) > 0))},
         block_ids=ids,
         lineage=gen.Lineage(prefix, parent, parent_turn, base),
     )
-
-
-def _sample(rng: np.random.Generator, law: Delay, size: int) -> NDArray[np.float64]:
-    if law.kind == "exp":
-        return law.a * rng.standard_exponential(size)
-    return np.exp(law.a + law.b * rng.standard_normal(size))
 
 
 def _ids(

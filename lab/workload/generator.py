@@ -99,7 +99,7 @@ class Delay:
         return np.exp(self.a + self.b * rng.standard_normal(size))
 
 
-def _delays(
+def row_delays(
     lognormal: NDArray[np.bool_],
     a: NDArray[np.float64],
     b: NDArray[np.float64],
@@ -236,6 +236,20 @@ class Sharing:
         return w / w.sum()
 
 
+@dataclass(frozen=True)
+class DrawOptions:
+    """What :func:`generate` passes a :class:`ConversationModel` besides its random stream:
+    the seed (the model's other streams derive from it), ``block_size`` (tokens), whether to
+    add prompt choices and block ids, the session-id prefix and the trace's ``meta``."""
+
+    seed: int
+    block_size: int
+    prompts: bool
+    session_prefix: str
+    block_hashes: bool
+    meta: dict[str, object]
+
+
 class ConversationModel(Protocol):
     """A model that draws its conversations itself (``kvcast.lab.workload.agent.AgentModel``;
     it depends on this module, not the other way round): ``block_size`` is its default."""
@@ -243,17 +257,11 @@ class ConversationModel(Protocol):
     block_size: int
 
     def draw(
-        self,
-        rng: np.random.Generator,
-        arrival: NDArray[np.float64],
-        *,
-        seed: int,
-        block_size: int,
-        prompts: bool,
-        session_prefix: str,
-        block_hashes: bool,
-        meta: dict[str, object],
-    ) -> Trace: ...
+        self, rng: np.random.Generator, arrival: NDArray[np.float64], options: DrawOptions
+    ) -> Trace:
+        """The trace of conversations arriving at ``arrival`` (s); ``rng`` is the seed's main
+        stream after the arrivals were drawn."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -482,10 +490,21 @@ class Trace:
             yield orjson.dumps(ev) + b"\n"
 
 
-def _within(values: NDArray, starts: NDArray, conv_row: NDArray) -> NDArray:
-    """Exclusive cumulative sum of ``values`` within each conversation's rows."""
+def sum_before(values: NDArray, starts: NDArray, conv_row: NDArray) -> NDArray:
+    """Exclusive cumulative sum of ``values`` within each conversation's rows (rows in
+    conversation order; ``starts`` each conversation's first row, ``conv_row`` each row's
+    conversation)."""
     excl = np.cumsum(values) - values
     return excl - excl[starts][conv_row]
+
+
+def arrival_rank(first_s: NDArray[np.float64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Conversations renumbered in the order of their first requests' times ``first_s`` (s),
+    ties kept in index order: ``rank[c]`` is conversation ``c``'s new number and ``inv`` its
+    inverse (``inv[rank[c]] == c``), to reorder per-conversation arrays."""
+    rank = np.empty(first_s.size, np.int64)
+    rank[np.argsort(first_s, kind="stable")] = np.arange(first_s.size)
+    return rank, np.argsort(rank)
 
 
 @dataclass(frozen=True)
@@ -520,20 +539,38 @@ class _Tables:
         return cls(cont, zmean, zgeo, dkind, da, db, out_mean)
 
 
+def row_layout(
+    turns: NDArray[np.int64],
+) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+    """Rows of conversations with ``turns`` requests each, in conversation order: each
+    conversation's first row, each row's conversation and each row's turn (from 1)."""
+    starts = (np.cumsum(turns) - turns).astype(np.int64)
+    conv_row = np.repeat(np.arange(turns.size, dtype=np.int64), turns)
+    turn_row = np.arange(int(turns.sum()), dtype=np.int64) - starts[conv_row] + 1
+    return starts, conv_row, turn_row
+
+
 @dataclass(frozen=True)
-class _Rows:
-    """A batch of conversations' requests, rows in conversation order. ``own`` = own blocks
-    ``sum_{l<=j} Z_l``; ``offset`` = time since the conversation's arrival (s); ``fill`` = tokens
-    in the last block (1..block_size)."""
+class Rows:
+    """A batch of conversations' requests, rows in conversation order (what every model
+    draws): ``turns`` per conversation; per row its conversation, turn (from 1), ``offset``
+    (s since the conversation's first request), output tokens and prompt choice."""
 
     turns: NDArray[np.int64]
     conv_row: NDArray[np.int64]
     turn_row: NDArray[np.int64]
-    own: NDArray[np.int64]
     offset: NDArray[np.float64]
-    fill: NDArray[np.int64]
     output: NDArray[np.int64]
     choice: NDArray[np.int64] | None
+
+
+@dataclass(frozen=True)
+class _Rows(Rows):
+    """The paper model's rows: ``own`` = own blocks ``sum_{l<=j} Z_l``; ``fill`` = tokens in
+    the last block (1..block_size)."""
+
+    own: NDArray[np.int64]
+    fill: NDArray[np.int64]
 
 
 def _draw_rows(
@@ -553,9 +590,7 @@ def _draw_rows(
         turns[alive] += 1
 
     rows = int(turns.sum())
-    starts = (np.cumsum(turns) - turns).astype(np.int64)
-    conv_row = np.repeat(np.arange(n, dtype=np.int64), turns)
-    turn_row = np.arange(rows, dtype=np.int64) - starts[conv_row] + 1
+    starts, conv_row, turn_row = row_layout(turns)
     ir, ti = intent[conv_row], turn_row - 1
 
     mean_z = tab.zmean[ir, ti]
@@ -563,18 +598,27 @@ def _draw_rows(
     z = np.empty(rows, np.int64)
     z[~geo] = 1 + rng.poisson(mean_z[~geo] - 1.0)
     z[geo] = rng.geometric(1.0 / mean_z[geo])
-    own = _within(z, starts, conv_row) + z
+    own = sum_before(z, starts, conv_row) + z
 
     expo = rng.standard_exponential(rows)
     norm = rng.standard_normal(rows)
-    w = _delays(tab.dkind[ir, ti] == _LOGNORMAL, tab.da[ir, ti], tab.db[ir, ti], expo, norm)
+    w = row_delays(tab.dkind[ir, ti] == _LOGNORMAL, tab.da[ir, ti], tab.db[ir, ti], expo, norm)
     w[turn_row == turns[conv_row]] = 0.0  # no delay after the last turn
-    offset = _within(w, starts, conv_row)
+    offset = sum_before(w, starts, conv_row)
 
     fill = rng.integers(1, block_size + 1, rows)
     output = rng.geometric(1.0 / tab.out_mean[ir]).astype(np.int64)
     choice = rng.integers(0, 1 << 30, rows) if prompts else None
-    return _Rows(turns, conv_row, turn_row, own, offset, fill, output, choice)
+    return _Rows(
+        turns=turns,
+        conv_row=conv_row,
+        turn_row=turn_row,
+        offset=offset,
+        output=output,
+        choice=choice,
+        own=own,
+        fill=fill,
+    )
 
 
 def _concat(a: NDArray | None, b: NDArray | None) -> NDArray | None:
@@ -624,9 +668,7 @@ def generate(
         arrival -= arrival[0] if n else 0.0
     arrival += start_time
     if model.agent is not None:
-        trace = model.agent.draw(
-            rng,
-            arrival,
+        options = DrawOptions(
             seed=seed,
             block_size=block_size,
             prompts=prompts,
@@ -634,6 +676,7 @@ def generate(
             block_hashes=True if block_hashes is None else block_hashes,
             meta={"lambda0": lambda0, "seed": seed, "duration_s": duration_s},
         )
+        trace = model.agent.draw(rng, arrival, options)
         return _with_cached(trace, cached_capacity_blocks, block_level=True)
     kinds = len(model.intents)
     intent = rng.choice(kinds, size=n, p=model.shares) if kinds > 1 else np.zeros(n, np.int64)
@@ -687,10 +730,7 @@ def generate(
         parent_turn = np.concatenate((parent_turn, b_turn))
         total = n + m
         # Number conversations in arrival order again (roots arrive in order already).
-        first = np.concatenate((arrival, b_arrival))
-        rank = np.empty(total, np.int64)
-        rank[np.argsort(first, kind="stable")] = np.arange(total)
-        inv = np.argsort(rank)
+        rank, inv = arrival_rank(np.concatenate((arrival, b_arrival)))
         conv_row = rank[conv_row]
         conv_intent, base, prefix = conv_intent[inv], base[inv], prefix[inv]
         parent = np.where(parent >= 0, rank[np.maximum(parent, 0)], -1)[inv]
