@@ -1,6 +1,6 @@
 """The policy report: hit ratio against capacity for every block policy, and the forecast
-against simulated LRU, on the Mooncake synthetic trace, the generated intent-mixed workload and
-the generated presets with shared prefixes (when ``kvcast.lab.workload`` has them).
+against simulated LRU, on the Mooncake synthetic trace, the generated intent-mixed workload,
+the generated presets with shared prefixes and the coding-agent preset (1,024-token blocks).
 
 Hit ratios are reused input blocks / input blocks over the measured conversations (warm-up and
 cool-down 0.2 of first-turn times). The IAC table is learned from the first 0.2 of the
@@ -36,7 +36,7 @@ from kvcast.lab.sim.registry import simulate
 from kvcast.lab.sim.trace import SimTrace
 from kvcast.lab.traces import convert_mooncake
 from kvcast.lab.workload.generator import generate
-from kvcast.lab.workload.presets import preset
+from kvcast.lab.workload.presets import AGENT_PRESETS, SHARING_PRESETS, preset
 from kvcast.stats.forecast import forecast_from_sample
 
 # The repository's data/traces (shipped with the source: the lab runs from a checkout).
@@ -78,25 +78,47 @@ def mooncake_workload(path: Path | None = None, match: str = "hashable") -> Work
     return Workload("mooncake", desc, events, trace, 512, caps)
 
 
+# Capacities (blocks) of the generated workloads' sweeps. Agent contexts are ~110 blocks of
+# 1,024 tokens (median), so its smallest capacity holds about one of them (issue 33: fewer
+# blocks than two median contexts) and its largest nearly the unlimited cache.
+CAPACITIES = (250, 500, 1000, 2000, 4000, 8000, 16000)
+AGENT_CAPACITIES = (125, 250, 500, 1000, 2000, 4000, 16000)
+# The agent preset's conversations are hours long: 0.02 roots/s gives a few dozen at once.
+AGENT_LAMBDA0 = 0.02
+
+
 def generated_workload(
-    name: str = "mixed", lambda0: float = 2.0, conversations: int = 8000, seed: int = 7
+    name: str = "mixed",
+    lambda0: float = 2.0,
+    conversations: int = 8000,
+    seed: int = 7,
+    block_size: int | None = None,
+    capacities: tuple[int, ...] | None = None,
 ) -> Workload:
-    """A generated intent-mixed workload (16-token blocks; ``kvcast.lab.workload.generator``)."""
-    gen = generate(preset(name), lambda0=lambda0, conversations=conversations, seed=seed)
+    """A generated workload (``kvcast.lab.workload.generator``) on ``block_size``-token blocks
+    (None: the preset's own, 16 or the agent presets' 1,024); ``capacities`` (None: the
+    agent presets' :data:`AGENT_CAPACITIES`, else :data:`CAPACITIES`)."""
+    model = preset(name)
+    gen = generate(
+        model, lambda0=lambda0, conversations=conversations, seed=seed, block_size=block_size
+    )
     desc = (
         f"generated `{name}` preset: {conversations:,} conversations at lambda0 = {lambda0}/s "
-        f"(seed {seed}), {len(gen):,} requests, 16-token blocks, "
+        f"(seed {seed}), {len(gen):,} requests, {gen.block_size:,}-token blocks, "
         + (
             "one chain per conversation."
             if gen.sim_trace().block_hashes is None
             else "block ids shared across conversations (its shared prefixes)."
         )
     )
-    caps = (250, 500, 1000, 2000, 4000, 8000, 16000)
+    if capacities is None:
+        capacities = AGENT_CAPACITIES if model.agent is not None else CAPACITIES
     warmup, cooldown = gen.measurement_fractions()
     trace = gen.sim_trace()
     rate = window_rate(trace, warmup, cooldown)
-    return Workload(name, desc, list(gen.events()), trace, 16, caps, warmup, cooldown, rate)
+    return Workload(
+        name, desc, list(gen.events()), trace, gen.block_size, capacities, warmup, cooldown, rate
+    )
 
 
 def window_rate(trace: SimTrace, warmup: float, cooldown: float) -> float:
@@ -112,16 +134,21 @@ def window_rate(trace: SimTrace, warmup: float, cooldown: float) -> float:
 
 
 def default_workloads(quick: bool = False) -> list[Workload]:
-    """Mooncake, the generated ``mixed`` workload and, where ``kvcast.lab.workload`` has
-    them, the presets with shared prefixes (smaller under ``quick``)."""
+    """Mooncake, the generated ``mixed`` workload, the presets with shared prefixes and the
+    coding-agent presets (on their 1,024-token blocks), smaller under ``quick``."""
     convs = 2000 if quick else 8000
     out = [mooncake_workload(), generated_workload("mixed", conversations=convs)]
-    try:
-        from kvcast.lab.workload.presets import SHARING_PRESETS
-    except ImportError:  # an older tree: no shared-prefix presets
-        return out
     names = SHARING_PRESETS[-1:] if quick else SHARING_PRESETS
-    return out + [generated_workload(name, conversations=convs // 2) for name in names]
+    out += [generated_workload(name, conversations=convs // 2) for name in names]
+    # Agent conversations run ~45 requests of ~110 blocks: 150 of them are 12,538 requests,
+    # 1.75 M block references (seed 3: the workload of issue 33's last round).
+    agents, caps = (60, (250, 1000, 4000)) if quick else (150, None)
+    return out + [
+        generated_workload(
+            name, lambda0=AGENT_LAMBDA0, conversations=agents, seed=3, capacities=caps
+        )
+        for name in AGENT_PRESETS
+    ]
 
 
 def run_policy_report(

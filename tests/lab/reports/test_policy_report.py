@@ -9,7 +9,9 @@ import pytest
 
 from kvcast.lab.reports.policy_plot import plot_report
 from kvcast.lab.reports.policy_report import (
+    AGENT_CAPACITIES,
     BEGIN,
+    CAPACITIES,
     END,
     generated_workload,
     run_policy_report,
@@ -114,3 +116,31 @@ def test_a_branching_preset_is_measured_and_its_rate_taken_over_the_roots_middle
     lru = simulate(trace, 300, "lru", "block", wl.warmup_fraction, wl.cooldown_fraction)
     assert report.hit(wl.name, 300, "LRU") == lru.hit_ratio
     assert lru.measured_requests == int(mask.sum()) > len(trace) // 3
+
+
+def test_an_agent_preset_is_swept_on_its_own_block_size() -> None:
+    """Issue 33: the report's generated workloads take their preset's block size (16 tokens,
+    the agent preset's 1,024) or a given one, and agent traffic its own capacities, whose
+    smallest holds fewer blocks than two median contexts."""
+    import math
+
+    import numpy as np
+
+    agent = generated_workload("agent", lambda0=0.02, conversations=20, seed=1)
+    assert agent.block_size == 1024 and agent.capacities == AGENT_CAPACITIES
+    assert "1,024-token blocks" in agent.description
+    blocks = [math.ceil(e["input_tokens"] / 1024) for e in agent.events]
+    assert int(agent.trace.blocks.sum()) == sum(blocks)
+    assert AGENT_CAPACITIES[0] < 2 * float(np.median(agent.trace.blocks))
+    half = generated_workload("agent", lambda0=0.02, conversations=20, seed=1, block_size=512)
+    assert half.block_size == 512 and "512-token blocks" in half.description
+    assert int(half.trace.blocks.sum()) == sum(math.ceil(e["input_tokens"] / 512)
+                                               for e in half.events)  # fmt: skip
+    assert int(half.trace.blocks.sum()) > 1.9 * int(agent.trace.blocks.sum())
+    mixed = generated_workload("mixed", lambda0=1.0, conversations=50, seed=1)
+    assert mixed.block_size == 16 and mixed.capacities == CAPACITIES
+    report = run_policy_report(
+        [replace(agent, capacities=(125,))], (("LRU", "lru", {}),), conversation_policies=()
+    )
+    (row,) = report.forecasts
+    assert row.forecast is not None and 0.0 < row.lru_block < 1.0
