@@ -93,3 +93,25 @@ def test_the_bound_is_run_where_lru_holds_under_half_of_the_unlimited_cache() ->
         assert isinstance(row, BoundRow) and set(row.empirical) == {10.0, 600.0}
         assert row.lru == lru[row.capacity_blocks] < row.tbs
         assert 0.0 < row.best[1] <= 1.0
+
+
+def test_every_capacity_runs_the_bound_at_all_of_them_and_the_table_says_the_share() -> None:
+    """Issue 33's restated target: density at least 0.97 of the in-sample bound's hit ratio
+    at every capacity of the report, not only where the gap target applies."""
+    from dataclasses import replace
+
+    from kvcast.lab.reports.policy_bound import BOUND_SHARE, to_markdown
+
+    wl = replace(generated_workload("mixed", conversations=300, seed=2), capacities=(250, 16000))
+    rows = bound_rows(wl, horizons_s=(60.0,), every_capacity=True)
+    assert [row.capacity_blocks for row in rows] == [250, 16000]
+    assert bound_rows(wl, horizons_s=(60.0,)) == rows[:1]  # 16,000 holds nearly everything
+    for row in rows:
+        assert row.share == row.density / row.empirical[60.0]
+    assert BOUND_SHARE == 0.97
+    fake = [BoundRow("w", 100, 0.1, 0.4, 0.2, {10.0: 0.25}),
+            BoundRow("w", 200, 0.3, 0.5, 0.4, {10.0: 0.41})]  # fmt: skip
+    md = to_markdown(fake)
+    assert md.splitlines()[0].endswith("| density / in-sample |")
+    assert "| w | 100 | 0.100 | 0.200 | 0.250 (H = 10 s) | 0.400 | +33% | +50% | 0.800 |" in md
+    assert md.endswith("at 1 of 2 points; not at w N=100 (0.800).")
