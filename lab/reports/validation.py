@@ -34,6 +34,7 @@ from kvcast.lab.workload.presets import preset
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.engine import StatsEngine
 from kvcast.stats.events import parse_event
+from kvcast.stats.finite_size import FluctuationModel, final_blocks_second_moment
 from kvcast.stats.forecast import (
     DEFAULT_DISPLACEMENT,
     DEFAULT_REFINEMENT,
@@ -41,6 +42,7 @@ from kvcast.stats.forecast import (
     DISPLACEMENTS,
     REFINEMENTS,
     VARIANTS,
+    revisit_weights,
     sample_model,
 )
 from kvcast.stats.sample import IntentMoments, WorkloadSample
@@ -123,7 +125,8 @@ def _evaluate(args: tuple) -> list[PointResult]:
 
 def measure_speed(delays: int = 100_000, points: int = 100, seed: int = 7) -> SpeedResult:
     """Time a ``points``-capacity curve on ``delays`` revisits: the product's exact solver,
-    a naive brentq-per-point baseline, and the fluctuation refinement (best of repeats)."""
+    a naive brentq-per-point baseline, and the fluctuation and partial refinements, partial
+    both grouped (the product's) and summed over every revisit (best of repeats)."""
     rng = np.random.default_rng(seed)
     L = max(1, int(delays * 0.28))
     W = rng.exponential(135.0, delays)
@@ -140,9 +143,16 @@ def measure_speed(delays: int = 100_000, points: int = 100, seed: int = 7) -> Sp
         ("a",), (mom,), W, R, np.zeros(delays, np.int32), np.ones(delays, np.int32), 1.0
     )
     caps = np.linspace(0.01, 1.0, points) * 20_000.0
-    exact = sample_model(sample, 1.0, "sample", "whole", DEFAULT_REFINEMENT)
+    exact = sample_model(sample, 1.0, "sample", "whole", "tagged")  # the step function
     plain = sample_model(sample, 1.0, "sample", "whole", "none")
     fluct = sample_model(sample, 1.0, "sample", "whole", "fluctuation")
+    partial = sample_model(sample, 1.0, "sample", "whole", "partial")
+    assert isinstance(partial, FluctuationModel) and partial.groups is not None
+    W, _, hit = revisit_weights(sample, "sample", "whole")
+    partial_exact = FluctuationModel(
+        partial.base, W, hit, R, EB2=final_blocks_second_moment(sample), partial=True,
+        group_width=None,
+    )  # fmt: skip
 
     def best(fn: Callable[[], object], repeats: int) -> float:
         times = []
@@ -173,7 +183,15 @@ def measure_speed(delays: int = 100_000, points: int = 100, seed: int = 7) -> Sp
     exact_s = best(lambda: exact.curve(caps), 20)
     naive_s = best(naive, 2)
     diff = float(np.max(np.abs(naive() - plain.hit_ratio(caps))))
-    return SpeedResult(delays, points, exact_s, naive_s, best(lambda: fluct.curve(caps), 2), diff)
+    return SpeedResult(
+        delays, points, exact_s, naive_s, best(lambda: fluct.curve(caps), 2), diff,
+        partial_s=best(lambda: partial.curve(caps), 20),
+        partial_exact_s=best(lambda: partial_exact.curve(caps), 2),
+        partial_groups=len(partial.groups),
+        partial_max_abs_diff=float(
+            np.max(np.abs(partial.hit_ratio(caps) - partial_exact.hit_ratio(caps)))
+        ),
+    )  # fmt: skip
 
 
 def run_validation(

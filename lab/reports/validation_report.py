@@ -96,10 +96,14 @@ class SpeedResult:
 
     delays: int
     points: int
-    exact_s: float  # the product's solver (EmpiricalModel.curve, default refinement)
+    exact_s: float  # the exact piecewise-linear solver (EmpiricalModel.curve, 'tagged')
     naive_s: float  # brentq per point on d(T) evaluated with numpy over all delays
     fluctuation_s: float  # the 'fluctuation' refinement's curve
     max_abs_diff: float  # exact vs naive hit ratio (same T_C, mean-field)
+    partial_s: float = float("nan")  # the 'partial' refinement's curve, revisits grouped
+    partial_exact_s: float = float("nan")  # the same summed over every revisit
+    partial_groups: int = 0  # the groups a 'partial' curve point sums over
+    partial_max_abs_diff: float = float("nan")  # grouped vs summed over every revisit
 
     @property
     def ratio(self) -> float:
@@ -297,7 +301,10 @@ class ValidationReport:
             f"{s.exact_s * 1e3:.2f} ms with the product's solver; naive baseline (brentq "
             f"per point, d(T) with numpy) {s.naive_s * 1e3:.0f} ms in the same run, "
             f"{s.ratio:,.0f}x slower (max |h difference| {s.max_abs_diff:.1e}); the "
-            f"`fluctuation` refinement's curve {s.fluctuation_s * 1e3:.0f} ms.",
+            f"`fluctuation` refinement's curve {s.fluctuation_s * 1e3:.0f} ms; the `partial` "
+            f"refinement's {s.partial_s * 1e3:.1f} ms on its {s.partial_groups:,} groups of "
+            f"revisits, {s.partial_exact_s * 1e3:.0f} ms summed over every revisit (max |h "
+            f"difference| {s.partial_max_abs_diff:.1e}).",
             "",
             f"Total run time {self.elapsed_s:.0f} s.",
         ]
