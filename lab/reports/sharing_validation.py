@@ -13,39 +13,32 @@ turns run on after it, so lambda0 is measured as the daemon measures it in stead
 starts per second over the middle of the arrivals (20 % to 80 % of ``duration_s``); the
 Mooncake trace is taken whole, as a replay of it would be.
 
-``python -m kvcast.lab.reports.sharing_validation [--quick] [--markdown F] [--json F]
+``python -m kvcast.lab.reports.sharing_validation [--quick] [--jobs N] [--markdown F] [--json F]
 [--plot F.png]`` prints the Markdown section; ``kvcast bench --suite validation`` writes it
 into docs/validation.md with the rest.
 """
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from kvcast.lab.reports.tasks import map_tasks
-from kvcast.lab.reports.validation import PRODUCT, sample_from_events
+from kvcast.lab.reports.tasks import report_main, run_per_workload
+from kvcast.lab.reports.validation import PRODUCT
+from kvcast.lab.reports.workloads import DEFAULT_MOONCAKE, generated_workload, mooncake_workload
 from kvcast.lab.sim.registry import simulate
 from kvcast.lab.sim.trace import SimTrace
-from kvcast.lab.traces.mooncake import BLOCK_SIZE as MOONCAKE_BLOCK_SIZE
-from kvcast.lab.traces.mooncake import convert_mooncake
-from kvcast.lab.workload.generator import generate
-from kvcast.lab.workload.presets import SHARING_PRESETS, preset
+from kvcast.lab.workload.presets import SHARING_PRESETS
 from kvcast.stats.forecast import forecast_from_sample
 from kvcast.stats.sample import WorkloadSample
 
 CONVERSATIONS_ONLY = PRODUCT
 SINGLE_CLASS = "paper/hashable/none"
 UNLIMITED = 10**9  # blocks: more than any trace holds
-DEFAULT_MOONCAKE = (
-    Path(__file__).resolve().parents[2] / "data/traces/mooncake_synthetic_trace.jsonl"
-)
 TARGET = 0.02  # |forecast - simulation| at every N >= 500 blocks (issue 20's target)
 
 
@@ -149,16 +142,8 @@ class SharingReport:
         return "\n".join(lines)
 
 
-def steady_rate(events: Sequence[dict[str, Any]], duration_s: float) -> float:
-    """Conversation starts per second between 20 % and 80 % of the arrivals' span (s)."""
-    lo, hi = 0.2 * duration_s, 0.8 * duration_s
-    starts = sum(1 for e in events if e["turn"] == 1 and lo <= e["timestamp"] <= hi)
-    return starts / (hi - lo)
-
-
 def _points(
     name: str,
-    events: list[dict[str, Any]],
     sample: WorkloadSample,
     trace: SimTrace,
     capacities: Sequence[int],
@@ -187,70 +172,25 @@ def _points(
 
 
 def evaluate_preset(name: str, grid: SharingGrid) -> list[SharingPoint]:
-    trace = generate(
-        preset(name),
-        lambda0=grid.lambda0,
-        duration_s=grid.duration_s,
-        seed=grid.seed,
-        block_size=grid.block_size,
-    )
-    events = list(trace.events())
-    sample = sample_from_events(events, grid.block_size)
-    sample = replace(sample, lambda0=steady_rate(events, grid.duration_s))
-    return _points(
-        name,
-        events,
-        sample,
-        trace.sim_trace(),
-        grid.capacities,
-        grid.block_size,
-        measured=trace.measurement_fractions(),  # the roots' middle: branches run on after it
-    )
+    w = generated_workload(name, grid)
+    return _points(name, w.sample, w.trace, grid.capacities, w.block_size, w.measured)
 
 
 def evaluate_mooncake(path: str, grid: SharingGrid) -> list[SharingPoint]:
-    with open(path, "rb") as handle:
-        records = [(line, json.loads(raw)) for line, raw in enumerate(handle, 1) if raw.strip()]
-    events, _ = convert_mooncake(records, match="hashable")
-    sample = sample_from_events(events, MOONCAKE_BLOCK_SIZE)
-    trace = SimTrace.from_event_dicts(events, MOONCAKE_BLOCK_SIZE)
-    points = _points(
-        "mooncake synthetic", events, sample, trace, grid.mooncake_capacities, MOONCAKE_BLOCK_SIZE
-    )
+    w = mooncake_workload(path)
+    name, capacities = "mooncake synthetic", grid.mooncake_capacities
     # The trace drifts (its load doubles in 17 minutes): also measured whole, the same
     # conversations as its statistics.
-    return points + _points(
-        "mooncake synthetic, measured whole",
-        events,
-        sample,
-        trace,
-        grid.mooncake_capacities,
-        MOONCAKE_BLOCK_SIZE,
-        measured=(0.0, 0.0),
+    return _points(name, w.sample, w.trace, capacities, w.block_size, w.measured) + _points(
+        f"{name}, measured whole", w.sample, w.trace, capacities, w.block_size, (0.0, 0.0)
     )
-
-
-def _evaluate(task: tuple[str, str, SharingGrid]) -> list[SharingPoint]:
-    kind, what, grid = task
-    return evaluate_mooncake(what, grid) if kind == "mooncake" else evaluate_preset(what, grid)
 
 
 def run_sharing_validation(
     grid: SharingGrid | None = None, progress: Callable[[str], None] | None = None
 ) -> SharingReport:
-    grid = grid or SharingGrid()
-    say = progress or (lambda _msg: None)
-    started = time.perf_counter()
-    tasks: list[tuple[str, str, SharingGrid]] = [("preset", p, grid) for p in grid.presets]
-    if grid.mooncake and Path(grid.mooncake).exists():
-        tasks.append(("mooncake", grid.mooncake, grid))
-    report = SharingReport(grid)
-    results = map_tasks(_evaluate, tasks, grid.jobs)
-    for task, points in zip(tasks, results, strict=True):
-        report.points += points
-        say(f"sharing {task[1]}: {len(points)} points ({time.perf_counter() - started:.0f} s)")
-    report.elapsed_s = time.perf_counter() - started
-    return report
+    report = SharingReport(grid or SharingGrid())
+    return run_per_workload(report, evaluate_preset, evaluate_mooncake, "sharing", progress)
 
 
 def plot_sharing(report: SharingReport, path: str | Path) -> None:
@@ -285,30 +225,11 @@ def plot_sharing(report: SharingReport, path: str | Path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-    import sys
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="the reduced grid of the tests")
-    ap.add_argument("--mooncake", help="the Mooncake synthetic trace (default: data/traces/)")
-    ap.add_argument("--markdown", type=Path, help="also write the Markdown tables here")
-    ap.add_argument("--json", type=Path, help="write the JSON report here")
-    ap.add_argument("--plot", type=Path, help="write the PNG figure here")
-    args = ap.parse_args(argv)
-    grid = SharingGrid.quick() if args.quick else SharingGrid()
-    if args.mooncake:
-        grid = replace(grid, mooncake=args.mooncake)
-    report = run_sharing_validation(grid, lambda m: print(m, file=sys.stderr, flush=True))
-    text = report.to_markdown()
-    print(text)
-    if args.markdown:
-        args.markdown.write_text(text + "\n")
-    if args.json:
-        args.json.write_text(json.dumps(report.to_dict(), indent=2))
-    if args.plot:
-        plot_sharing(report, args.plot)
-    return 0 if report.passed() else 1
+def main(argv: Sequence[str] | None = None) -> int:
+    grids = (SharingGrid(), SharingGrid.quick())
+    return report_main(
+        argv, (__doc__ or "").splitlines()[0], grids, run_sharing_validation, plot_sharing
+    )
 
 
 if __name__ == "__main__":

@@ -14,25 +14,19 @@ runs) measures the same on the same requests. Errors are forecast minus simulati
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from kvcast.lab.reports.sharing_validation import DEFAULT_MOONCAKE, steady_rate
-from kvcast.lab.reports.tasks import map_tasks
-from kvcast.lab.reports.validation import sample_from_events
+from kvcast.lab.reports.tasks import report_main, run_per_workload
+from kvcast.lab.reports.workloads import DEFAULT_MOONCAKE, generated_workload, mooncake_workload
 from kvcast.lab.sim.block_cache import block_layout
 from kvcast.lab.sim.tiered_cache import measure_tiers, tiered_block_hits
 from kvcast.lab.sim.trace import SimTrace
-from kvcast.lab.traces.mooncake import BLOCK_SIZE as MOONCAKE_BLOCK_SIZE
-from kvcast.lab.traces.mooncake import convert_mooncake
-from kvcast.lab.workload.generator import generate
-from kvcast.lab.workload.presets import SHARING_PRESETS, preset
+from kvcast.lab.workload.presets import SHARING_PRESETS
 from kvcast.stats.forecast import forecast_from_sample
 from kvcast.stats.sample import WorkloadSample
 from kvcast.stats.tiers import TIER_MODES, Tier
@@ -182,57 +176,26 @@ def _points(
 
 
 def evaluate_preset(name: str, grid: TierGrid) -> list[TierPoint]:
-    trace = generate(
-        preset(name),
-        lambda0=grid.lambda0,
-        duration_s=grid.duration_s,
-        seed=grid.seed,
-        block_size=grid.block_size,
-    )
-    events = list(trace.events())
-    sample = sample_from_events(events, grid.block_size)
-    sample = replace(sample, lambda0=steady_rate(events, grid.duration_s))
-    return _points(
-        name, sample, trace.sim_trace(), grid, grid.block_size, trace.measurement_fractions()
-    )
+    w = generated_workload(name, grid)
+    return _points(name, w.sample, w.trace, grid, w.block_size, w.measured)
 
 
 def evaluate_mooncake(path: str, grid: TierGrid) -> list[TierPoint]:
-    with open(path, "rb") as handle:
-        records = [(line, json.loads(raw)) for line, raw in enumerate(handle, 1) if raw.strip()]
-    events, _ = convert_mooncake(records, match="hashable")
-    sample = sample_from_events(events, MOONCAKE_BLOCK_SIZE)
-    trace = SimTrace.from_event_dicts(events, MOONCAKE_BLOCK_SIZE)
+    w = mooncake_workload(path)
     # As in the sharing validation: the trace drifts (its load doubles in 17 minutes), so it
     # is measured both as the other workloads are and whole (the conversations its statistics
     # come from).
     name = "mooncake synthetic"
-    return _points(name, sample, trace, grid, MOONCAKE_BLOCK_SIZE, (0.2, 0.2)) + _points(
-        f"{name}, measured whole", sample, trace, grid, MOONCAKE_BLOCK_SIZE, (0.0, 0.0)
+    return _points(name, w.sample, w.trace, grid, w.block_size, w.measured) + _points(
+        f"{name}, measured whole", w.sample, w.trace, grid, w.block_size, (0.0, 0.0)
     )
-
-
-def _evaluate(task: tuple[str, str, TierGrid]) -> list[TierPoint]:
-    kind, what, grid = task
-    return evaluate_mooncake(what, grid) if kind == "mooncake" else evaluate_preset(what, grid)
 
 
 def run_tier_validation(
     grid: TierGrid | None = None, progress: Callable[[str], None] | None = None
 ) -> TierReport:
-    grid = grid or TierGrid()
-    say = progress or (lambda _msg: None)
-    started = time.perf_counter()
-    tasks: list[tuple[str, str, TierGrid]] = [("preset", p, grid) for p in grid.presets]
-    if grid.mooncake and Path(grid.mooncake).exists():
-        tasks.append(("mooncake", grid.mooncake, grid))
-    report = TierReport(grid)
-    results = map_tasks(_evaluate, tasks, grid.jobs)
-    for task, points in zip(tasks, results, strict=True):
-        report.points += points
-        say(f"tiers {task[1]}: {len(points)} points ({time.perf_counter() - started:.0f} s)")
-    report.elapsed_s = time.perf_counter() - started
-    return report
+    report = TierReport(grid or TierGrid())
+    return run_per_workload(report, evaluate_preset, evaluate_mooncake, "tiers", progress)
 
 
 def plot_tiers(report: TierReport, path: str | Path) -> None:
@@ -279,31 +242,10 @@ def plot_tiers(report: TierReport, path: str | Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
-    import sys
-
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="the reduced grid of the tests")
-    ap.add_argument("--mooncake", help="the Mooncake synthetic trace (default: data/traces/)")
-    ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
-    ap.add_argument("--markdown", type=Path, help="also write the Markdown tables here")
-    ap.add_argument("--json", type=Path, help="write the JSON report here")
-    ap.add_argument("--plot", type=Path, help="write the PNG figure here")
-    args = ap.parse_args(argv)
-    grid = TierGrid.quick() if args.quick else TierGrid()
-    grid = replace(grid, jobs=max(1, args.jobs))
-    if args.mooncake:
-        grid = replace(grid, mooncake=args.mooncake)
-    report = run_tier_validation(grid, lambda m: print(m, file=sys.stderr, flush=True))
-    text = report.to_markdown()
-    print(text)
-    if args.markdown:
-        args.markdown.write_text(text + "\n")
-    if args.json:
-        args.json.write_text(json.dumps(report.to_dict(), indent=2))
-    if args.plot:
-        plot_tiers(report, args.plot)
-    return 0 if report.passed() else 1
+    grids = (TierGrid(), TierGrid.quick())
+    return report_main(
+        argv, (__doc__ or "").splitlines()[0], grids, run_tier_validation, plot_tiers
+    )
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ from kvcast.lab.reports.sharing_validation import (
     SharingPoint,
     SharingReport,
     main,
-    steady_rate,
 )
+from kvcast.lab.reports.workloads import steady_rate
 
 
 @pytest.fixture(scope="module")
