@@ -834,6 +834,7 @@ static const char *const FIELD_NAMES[N_FIELDS] = {
 typedef struct {
     PyObject *unsupported;
     PyObject *core_type;
+    PyObject *shared_index_type;
 } ModState;
 
 static int
@@ -2756,6 +2757,1009 @@ static PyType_Spec core_spec = {
 };
 
 /* ------------------------------------------------------------------------------------------ */
+/* Shared-prefix index: kvcast.stats.shared_prefix.PySharedPrefixIndex, literally             */
+/*
+ * The type SharedIndexCore, subclassed in Python as NativeSharedPrefixIndex (which adds the
+ * argument checks and the ``changes`` object).  Every container that a caller reads is the
+ * Python one, shared with that caller: the private blocks (block -> session id), the shared
+ * table (block -> last reference) and the checkpoint's changes (upserts, removals) are dicts
+ * and a set, filled in the order the Python code fills them, so the snapshot, the partition
+ * delta and a restore read them unchanged.  What no caller reads is C: the indexed positions
+ * (an int64 array instead of an itemgetter per request length) and the expiry heap, ordered by
+ * (floor(last + timeout), push count) as the Python heap of tuples is; the push count makes
+ * every key distinct, so both heaps pop the same entries in the same order.
+ *
+ * Times are doubles; the Python code computes them with the same IEEE operations (the tracker
+ * hands it float event times).  A floor is kept as a double (exact: every floor of a double
+ * is one), and "floor + 1 <= watermark", an int comparison in Python, is computed exactly.
+ */
+
+typedef struct {
+    double second; /* math.floor(last + timeout) */
+    uint64_t tie;  /* the push count: no two entries compare equal */
+    PyObject *block;
+} SpEntry;
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t capacity;
+    int64_t dense;
+    double timeout;
+    PyObject *owners;     /* private block -> the open conversation's session id */
+    PyObject *shared;     /* shared block -> last reference (s) */
+    PyObject *upserts;    /* changes.upserts */
+    PyObject *removals;   /* changes.removals */
+    PyObject *run_type;   /* SharedRun */
+    PyObject *no_sharing; /* NO_SHARING */
+    SpEntry *heap;
+    Py_ssize_t heap_n, heap_cap;
+    uint64_t pushed;
+    int64_t *pos; /* indexed positions found so far, increasing */
+    Py_ssize_t pos_n, pos_cap;
+    int64_t pos_next; /* the next position to examine */
+    /* scratch, per call */
+    PyObject **lasto; /* the run's last references (strong) */
+    double *lastv;
+    PyObject **mine;  /* borrowed from the call's arguments */
+    Py_hash_t *hash;  /* the hashes of the run's blocks */
+    Py_ssize_t scratch_cap;
+} Sp;
+
+static inline int
+sp_entry_lt(const SpEntry *a, const SpEntry *b)
+{
+    return a->second < b->second || (a->second == b->second && a->tie < b->tie);
+}
+
+/* floor + 1 <= w, exactly (Python computes it on ints).  Below 2**53 in magnitude floor + 1 is
+   a double; beyond, doubles are integers at least 2 apart, so floor + 1 <= w iff w > floor. */
+static inline int
+sp_due(double second, double w)
+{
+    if (second < 9007199254740992.0 && second >= -9007199254740992.0) {
+        return second + 1.0 <= w;
+    }
+    return w > second;
+}
+
+/* math.floor(x), kept as a double; raises as math.floor does where x is not finite. */
+static int
+sp_floor(double x, double *out)
+{
+    if (isinf(x)) {
+        PyErr_SetString(PyExc_OverflowError, "cannot convert float infinity to integer");
+        return -1;
+    }
+    if (isnan(x)) {
+        PyErr_SetString(PyExc_ValueError, "cannot convert float NaN to integer");
+        return -1;
+    }
+    *out = floor(x);
+    return 0;
+}
+
+/* _schedule: push (floor(last + timeout), pushed, block). */
+static int
+sp_schedule(Sp *self, PyObject *block, double last)
+{
+    double second;
+    if (sp_floor(last + self->timeout, &second) < 0) {
+        return -1;
+    }
+    if (self->heap_n == self->heap_cap && GROW(self->heap, self->heap_cap, self->heap_n + 1) < 0) {
+        return -1;
+    }
+    SpEntry e = {second, ++self->pushed, Py_NewRef(block)};
+    Py_ssize_t i = self->heap_n++;
+    while (i > 0) {
+        Py_ssize_t parent = (i - 1) / 2;
+        if (!sp_entry_lt(&e, &self->heap[parent])) {
+            break;
+        }
+        self->heap[i] = self->heap[parent];
+        i = parent;
+    }
+    self->heap[i] = e;
+    return 0;
+}
+
+/* Pop the smallest entry; its block reference passes to the caller. */
+static PyObject *
+sp_pop(Sp *self)
+{
+    SpEntry *h = self->heap;
+    PyObject *block = h[0].block;
+    SpEntry e = h[--self->heap_n];
+    Py_ssize_t n = self->heap_n, i = 0;
+    for (;;) {
+        Py_ssize_t c = 2 * i + 1;
+        if (c >= n) {
+            break;
+        }
+        if (c + 1 < n && sp_entry_lt(&h[c + 1], &h[c])) {
+            c++;
+        }
+        if (!sp_entry_lt(&h[c], &e)) {
+            break;
+        }
+        h[i] = h[c];
+        i = c;
+    }
+    if (n > 0) {
+        h[i] = e;
+    }
+    return block;
+}
+
+static inline int
+bit_length_u64(uint64_t x)
+{
+    return x ? 64 - __builtin_clzll(x) : 0;
+}
+
+/* How many indexed positions a request of `blocks` blocks has (positions(): every block
+   below 2 D, then one every 2**k blocks from 2**k D on); extends self->pos to cover them. */
+static Py_ssize_t
+sp_positions(Sp *self, int64_t blocks)
+{
+    int64_t dense2 = 2 * self->dense;
+    int64_t p = self->pos_next;
+    while (p < blocks) {
+        int64_t step = p < dense2 ? 1 : (int64_t)1 << (bit_length_u64((uint64_t)(p / self->dense)) - 1);
+        if (p % step == 0) {
+            if (self->pos_n == self->pos_cap && GROW(self->pos, self->pos_cap, self->pos_n + 1) < 0) {
+                return -1;
+            }
+            self->pos[self->pos_n++] = p;
+        }
+        p += p < dense2 ? 1 : step - p % step;
+    }
+    self->pos_next = p > self->pos_next ? p : self->pos_next;
+    /* bisect_left(pos, blocks) */
+    Py_ssize_t lo = 0, hi = self->pos_n;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (self->pos[mid] < blocks) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+static int
+sp_scratch(Sp *self, Py_ssize_t need)
+{
+    if (need <= self->scratch_cap) {
+        return 0;
+    }
+    Py_ssize_t cap = need > 2 * self->scratch_cap ? need : 2 * self->scratch_cap;
+    PyObject **lo = PyMem_Realloc(self->lasto, (size_t)cap * sizeof(PyObject *));
+    if (lo == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->lasto = lo;
+    double *lv = PyMem_Realloc(self->lastv, (size_t)cap * sizeof(double));
+    if (lv == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->lastv = lv;
+    PyObject **mi = PyMem_Realloc(self->mine, (size_t)cap * sizeof(PyObject *));
+    if (mi == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->mine = mi;
+    Py_hash_t *hs = PyMem_Realloc(self->hash, (size_t)cap * sizeof(Py_hash_t));
+    if (hs == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->hash = hs;
+    self->scratch_cap = cap;
+    return 0;
+}
+
+/* owner == session_id, as Python's == (None never equals a session id). */
+static inline int
+sp_same_owner(PyObject *owner, PyObject *session)
+{
+    if (owner == NULL || owner == Py_None) {
+        return 0;
+    }
+    return owner == session ? 1 : PyObject_RichCompareBool(owner, session, Py_EQ);
+}
+
+/* Dict operations with the key's hash computed once per block and call (an int's hash is
+   not cached; a block is looked up in up to four dicts).  The same dicts, the same results. */
+#if PY_VERSION_HEX >= 0x030D0000 || defined(Py_LIMITED_API)
+#define SP_GET(d, k, h) PyDict_GetItemWithError((d), (k))
+#define SP_SET(d, k, v, h) PyDict_SetItem((d), (k), (v))
+#define SP_DEL(d, k, h) PyDict_DelItem((d), (k))
+#define SP_HAS(d, k, h) PyDict_Contains((d), (k))
+#else
+#define SP_GET(d, k, h) _PyDict_GetItem_KnownHash((d), (k), (h))
+#define SP_SET(d, k, v, h) _PyDict_SetItem_KnownHash((d), (k), (v), (h))
+#define SP_DEL(d, k, h) _PyDict_DelItem_KnownHash((d), (k), (h))
+#define SP_HAS(d, k, h) _PyDict_Contains_KnownHash((d), (k), (h))
+#endif
+
+typedef struct {
+    double gap;
+    int64_t blocks;
+} SpGap;
+
+static int
+sp_gap_cmp(const void *a, const void *b)
+{
+    double x = ((const SpGap *)a)->gap, y = ((const SpGap *)b)->gap;
+    return (x > y) - (x < y);
+}
+
+static PyObject *
+sp_gap_pair(double gap, int64_t blocks)
+{
+    PyObject *g = PyFloat_FromDouble(gap);
+    PyObject *n = g != NULL ? PyLong_FromLongLong(blocks) : NULL;
+    if (n == NULL) {
+        Py_XDECREF(g);
+        return NULL;
+    }
+    PyObject *pair = PyTuple_New(2);
+    if (pair == NULL) {
+        Py_DECREF(g);
+        Py_DECREF(n);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(pair, 0, g);
+    PyTuple_SET_ITEM(pair, 1, n);
+    return pair;
+}
+
+/* _run: the SharedRun of the first `count` indexed ids, last referenced at lastv. */
+static PyObject *
+sp_run(Sp *self, double ts, Py_ssize_t count, Py_ssize_t npos, int64_t blocks, int64_t born)
+{
+    if (count == 0) {
+        return Py_NewRef(self->no_sharing);
+    }
+    const int64_t *pos = self->pos;
+    const double *lv = self->lastv;
+    int64_t start = pos[count - 1];
+    int64_t end = count < npos ? pos[count] : blocks;
+    int64_t last = (end - start + 1) / 2;
+    Py_ssize_t k = 1;
+    while (k < count && lv[k] == lv[0]) {
+        k++;
+    }
+    PyObject *gaps;
+    if (k == count) { /* the usual case: referenced together, one gap */
+        double gap = ts - lv[0];
+        PyObject *pair = sp_gap_pair(gap > 0.0 ? gap : 0.0, start + last);
+        if (pair == NULL) {
+            return NULL;
+        }
+        gaps = PyTuple_New(1);
+        if (gaps == NULL) {
+            Py_DECREF(pair);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(gaps, 0, pair);
+    } else {
+        /* Each indexed id weighs the blocks up to the next one (1 each in the dense part:
+           Counter(lasts[:-1])), the last one `last`; equal gaps merge and sort, as the
+           Python code's weights-by-time then gaps-by-gap do (sums of ints: any order). */
+        SpGap *g = PyMem_Malloc((size_t)count * sizeof(SpGap));
+        if (g == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < count; i++) {
+            double gap = ts - lv[i];
+            g[i].gap = gap > 0.0 ? gap : 0.0;
+            g[i].blocks = i + 1 < count ? pos[i + 1] - pos[i] : last;
+        }
+        qsort(g, (size_t)count, sizeof(SpGap), sp_gap_cmp);
+        Py_ssize_t distinct = 0;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            if (distinct > 0 && g[distinct - 1].gap == g[i].gap) {
+                g[distinct - 1].blocks += g[i].blocks;
+            } else {
+                g[distinct++] = g[i];
+            }
+        }
+        gaps = PyTuple_New(distinct);
+        for (Py_ssize_t i = 0; gaps != NULL && i < distinct; i++) {
+            PyObject *pair = sp_gap_pair(g[i].gap, g[i].blocks);
+            if (pair == NULL) {
+                Py_CLEAR(gaps);
+                break;
+            }
+            PyTuple_SET_ITEM(gaps, i, pair);
+        }
+        PyMem_Free(g);
+        if (gaps == NULL) {
+            return NULL;
+        }
+    }
+    /* SharedRun(blocks, gaps, born): a tuple subclass with no fields of its own, built as
+       tuple.__new__(SharedRun, ...) builds it. */
+    PyTypeObject *rt = (PyTypeObject *)self->run_type;
+    PyObject *run = rt->tp_alloc(rt, 3);
+    PyObject *nb = PyLong_FromLongLong(start + last);
+    PyObject *nborn = PyLong_FromLongLong(born);
+    if (run == NULL || nb == NULL || nborn == NULL) {
+        Py_XDECREF(run);
+        Py_XDECREF(nb);
+        Py_XDECREF(nborn);
+        Py_DECREF(gaps);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(run, 0, nb);
+    PyTuple_SET_ITEM(run, 1, gaps);
+    PyTuple_SET_ITEM(run, 2, nborn);
+    return run;
+}
+
+static PyObject *
+sp_pair(PyObject *a, PyObject *b) /* steals a, borrows b */
+{
+    if (a == NULL) {
+        return NULL;
+    }
+    PyObject *t = PyTuple_New(2);
+    if (t == NULL) {
+        Py_DECREF(a);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(t, 0, a);
+    PyTuple_SET_ITEM(t, 1, Py_NewRef(b));
+    return t;
+}
+
+/* observe(session_id, timestamp, hashes, held, last_seen, newest=True) */
+static PyObject *
+sp_observe(Sp *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *newest_obj = Py_True;
+    Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs + nkw < 5 || nargs + nkw > 6 || (nkw == 1 && nargs != 5) || nkw > 1) {
+        PyErr_SetString(PyExc_TypeError,
+                        "observe(session_id, timestamp, hashes, held, last_seen, newest=True)");
+        return NULL;
+    }
+    if (nkw == 1) {
+        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "newest") != 0) {
+            PyErr_SetString(PyExc_TypeError, "observe() got an unexpected keyword argument");
+            return NULL;
+        }
+        newest_obj = args[5];
+    } else if (nargs == 6) {
+        newest_obj = args[5];
+    }
+    PyObject *session = args[0], *ts_obj = args[1], *hashes = args[2], *held = args[3];
+    PyObject *last_seen = args[4];
+    if (!PyTuple_Check(held)) {
+        PyErr_SetString(PyExc_TypeError, "held must be a tuple of block ids");
+        return NULL;
+    }
+    if (!PyList_Check(hashes) && !PyTuple_Check(hashes)) {
+        PyErr_SetString(PyExc_TypeError, "hashes must be a list of block ids");
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(hashes);
+    if (!self->capacity || n == 0) {
+        return sp_pair(Py_NewRef(self->no_sharing), held);
+    }
+    double ts = PyFloat_AsDouble(ts_obj);
+    if (ts == -1.0 && PyErr_Occurred()) {
+        return NULL;
+    }
+    int newest = PyObject_IsTrue(newest_obj);
+    if (newest < 0) {
+        return NULL;
+    }
+    Py_ssize_t npos = sp_positions(self, n);
+    if (npos < 0 || sp_scratch(self, npos) < 0) {
+        return NULL;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(hashes);
+    const int64_t *pos = self->pos;
+    PyObject *result = NULL, *run = NULL, *kept_set = NULL;
+    Py_ssize_t count = 0;
+    int64_t born = 0;
+    /* The leading indexed ids that are shared, or held by another open conversation (which
+       makes them shared now). */
+    while (count < npos) {
+        PyObject *block = items[pos[count]];
+        Py_hash_t h = PyObject_Hash(block);
+        if (h == -1) {
+            goto done;
+        }
+        self->hash[count] = h;
+        PyObject *v = SP_GET(self->shared, block, h);
+        if (v != NULL) {
+            double d = PyFloat_AsDouble(v);
+            if (d == -1.0 && PyErr_Occurred()) {
+                goto done;
+            }
+            self->lasto[count] = Py_NewRef(v);
+            self->lastv[count++] = d;
+            continue;
+        }
+        if (PyErr_Occurred()) {
+            goto done;
+        }
+        PyObject *owner = SP_GET(self->owners, block, h);
+        if (owner == NULL) {
+            if (PyErr_Occurred()) {
+                goto done;
+            }
+            break;
+        }
+        int same = sp_same_owner(owner, session);
+        if (same != 0) {
+            if (same < 0) {
+                goto done;
+            }
+            break;
+        }
+        Py_INCREF(owner);
+        if (SP_DEL(self->owners, block, h) < 0) {
+            Py_DECREF(owner);
+            goto done;
+        }
+        born++;
+        PyObject *last = PyObject_CallOneArg(last_seen, owner);
+        Py_DECREF(owner);
+        if (last == NULL) {
+            goto done;
+        }
+        double d = PyFloat_AsDouble(last);
+        if ((d == -1.0 && PyErr_Occurred()) || sp_schedule(self, block, ts > d ? ts : d) < 0) {
+            Py_DECREF(last);
+            goto done;
+        }
+        self->lasto[count] = last;
+        self->lastv[count++] = d;
+    }
+    if (count) {
+        Py_ssize_t newest_k = 0; /* max(lasts): the first of the largest */
+        for (Py_ssize_t k = 1; k < count; k++) {
+            if (self->lastv[k] > self->lastv[newest_k]) {
+                newest_k = k;
+            }
+        }
+        int in_order = ts >= self->lastv[newest_k];
+        for (Py_ssize_t k = 0; k < count; k++) {
+            /* in order: every block's last reference is now; a late event leaves the later
+               references standing (max(t, timestamp)) */
+            PyObject *now = in_order || ts > self->lastv[k] ? ts_obj : self->lasto[k];
+            PyObject *block = items[pos[k]];
+            if (SP_SET(self->shared, block, now, self->hash[k]) < 0 ||
+                SP_SET(self->upserts, block, now, self->hash[k]) < 0) {
+                goto done;
+            }
+        }
+    }
+    run = sp_run(self, ts, count, npos, n, born);
+    if (run == NULL) {
+        goto done;
+    }
+    if (!newest) {
+        result = sp_pair(run, held);
+        run = NULL;
+        goto done;
+    }
+    /* The usual case: this request repeats the one before it, whose ids the conversation
+       holds, bar the last (a partly filled block, re-hashed once it fills). */
+    Py_ssize_t nheld = PyTuple_GET_SIZE(held);
+    Py_ssize_t same = nheld - 1, nmine = 0, rest = npos - count;
+    int repeats = same > 0 && rest >= same;
+    for (Py_ssize_t k = 0; repeats && k < same; k++) {
+        PyObject *a = items[pos[count + k]], *b = PyTuple_GET_ITEM(held, k);
+        int eq = a == b ? 1 : PyObject_RichCompareBool(a, b, Py_EQ);
+        if (eq < 0) {
+            goto done;
+        }
+        repeats = eq;
+    }
+    if (repeats) {
+        for (Py_ssize_t k = 0; k < same; k++) {
+            self->mine[nmine++] = PyTuple_GET_ITEM(held, k);
+        }
+    } else {
+        same = 0;
+    }
+    Py_ssize_t room = self->capacity - (PyDict_GET_SIZE(self->owners) + PyDict_GET_SIZE(self->shared));
+    for (Py_ssize_t k = count + same; k < npos; k++) {
+        PyObject *block = items[pos[k]];
+        Py_hash_t h = PyObject_Hash(block);
+        if (h == -1) {
+            goto done;
+        }
+        PyObject *owner = SP_GET(self->owners, block, h);
+        if (owner == NULL && PyErr_Occurred()) {
+            goto done;
+        }
+        int mine = sp_same_owner(owner, session);
+        if (mine < 0) {
+            goto done;
+        }
+        if (mine) {
+            self->mine[nmine++] = block;
+        } else if (owner == NULL && room > 0) {
+            int in_shared = SP_HAS(self->shared, block, h);
+            if (in_shared < 0) {
+                goto done;
+            }
+            if (!in_shared) {
+                if (SP_SET(self->owners, block, session, h) < 0) {
+                    goto done;
+                }
+                self->mine[nmine++] = block;
+                room--;
+            }
+        }
+    }
+    /* dropped = held[same:]: those this conversation owned leave, unless still among its
+       blocks (set(mine) membership; block ids are ints and strs, where == is the set's
+       equality) */
+    for (Py_ssize_t d = same; d < nheld; d++) {
+        PyObject *block = PyTuple_GET_ITEM(held, d);
+        Py_hash_t h = PyObject_Hash(block);
+        if (h == -1) {
+            goto done;
+        }
+        PyObject *owner = SP_GET(self->owners, block, h);
+        if (owner == NULL && PyErr_Occurred()) {
+            goto done;
+        }
+        int ours = sp_same_owner(owner, session);
+        if (ours < 0) {
+            goto done;
+        }
+        if (!ours) {
+            continue;
+        }
+        int kept = 0;
+        if (kept_set == NULL && nmine * (nheld - same) > 64) { /* many: set(mine), as Python */
+            kept_set = PySet_New(NULL);
+            for (Py_ssize_t m = 0; kept_set != NULL && m < nmine; m++) {
+                if (PySet_Add(kept_set, self->mine[m]) < 0) {
+                    Py_CLEAR(kept_set);
+                }
+            }
+            if (kept_set == NULL) {
+                goto done;
+            }
+        }
+        if (kept_set != NULL) {
+            kept = PySet_Contains(kept_set, block);
+        }
+        for (Py_ssize_t m = nmine - 1; kept_set == NULL && m >= 0 && !kept; m--) {
+            PyObject *b = self->mine[m];
+            kept = b == block ? 1 : PyObject_RichCompareBool(b, block, Py_EQ);
+        }
+        if (kept < 0) {
+            goto done;
+        }
+        if (!kept && SP_DEL(self->owners, block, h) < 0) {
+            goto done;
+        }
+    }
+    PyObject *mine_t = PyTuple_New(nmine);
+    if (mine_t == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < nmine; k++) {
+        PyTuple_SET_ITEM(mine_t, k, Py_NewRef(self->mine[k]));
+    }
+    result = PyTuple_New(2);
+    if (result == NULL) {
+        Py_DECREF(mine_t);
+        goto done;
+    }
+    PyTuple_SET_ITEM(result, 0, run);
+    PyTuple_SET_ITEM(result, 1, mine_t);
+    run = NULL;
+done:
+    Py_XDECREF(run);
+    Py_XDECREF(kept_set);
+    for (Py_ssize_t k = 0; k < count; k++) {
+        Py_DECREF(self->lasto[k]);
+    }
+    return result;
+}
+
+/* continues(hashes, held) */
+static PyObject *
+sp_continues(Sp *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "continues(hashes, held)");
+        return NULL;
+    }
+    PyObject *hashes = args[0], *held = args[1];
+    if (!PyTuple_Check(held) || (!PyList_Check(hashes) && !PyTuple_Check(hashes))) {
+        PyErr_SetString(PyExc_TypeError, "continues(hashes: list, held: tuple)");
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(hashes), nheld = PyTuple_GET_SIZE(held);
+    if (nheld < 2 || !self->capacity || n == 0) {
+        Py_RETURN_TRUE;
+    }
+    Py_ssize_t npos = sp_positions(self, n);
+    if (npos < 0) {
+        return NULL;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(hashes);
+    PyObject *first = PyTuple_GET_ITEM(held, 0);
+    for (Py_ssize_t k = 0; k < npos; k++) { /* the usual case, within the first few ids */
+        PyObject *b = items[self->pos[k]];
+        int eq = b == first ? 1 : PyObject_RichCompareBool(b, first, Py_EQ);
+        if (eq != 0) {
+            return eq < 0 ? NULL : Py_NewRef(Py_True);
+        }
+    }
+    PyObject *rest = PyTuple_GetSlice(held, 0, nheld - 1);
+    PyObject *set = rest != NULL ? PySet_New(rest) : NULL;
+    Py_XDECREF(rest);
+    if (set == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < npos; k++) { /* not set(held[:-1]).isdisjoint(indexed) */
+        int in = PySet_Contains(set, items[self->pos[k]]);
+        if (in != 0) {
+            Py_DECREF(set);
+            return in < 0 ? NULL : Py_NewRef(Py_True);
+        }
+    }
+    Py_DECREF(set);
+    Py_RETURN_FALSE;
+}
+
+/* Drop each block of `blocks` that `session` owns (release, and observe's dropped ids). */
+static PyObject *
+sp_release(Sp *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "release(session_id, held)");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[1], "held must be a sequence of block ids");
+    if (seq == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_hash_t h = PyObject_Hash(items[k]);
+        if (h == -1) {
+            goto fail;
+        }
+        PyObject *owner = SP_GET(self->owners, items[k], h);
+        if (owner == NULL && PyErr_Occurred()) {
+            goto fail;
+        }
+        int ours = sp_same_owner(owner, args[0]);
+        if (ours < 0 || (ours && SP_DEL(self->owners, items[k], h) < 0)) {
+            goto fail;
+        }
+    }
+    Py_DECREF(seq);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(seq);
+    return NULL;
+}
+
+/* expire(watermark) */
+static PyObject *
+sp_expire(Sp *self, PyObject *arg)
+{
+    double w = PyFloat_AsDouble(arg);
+    if (w == -1.0 && PyErr_Occurred()) {
+        return NULL;
+    }
+    while (self->heap_n && sp_due(self->heap[0].second, w)) {
+        PyObject *block = sp_pop(self);
+        PyObject *last = PyDict_GetItemWithError(self->shared, block);
+        if (last == NULL) {
+            Py_DECREF(block);
+            if (PyErr_Occurred()) {
+                return NULL;
+            }
+            continue;
+        }
+        double d = PyFloat_AsDouble(last), second;
+        if ((d == -1.0 && PyErr_Occurred()) || sp_floor(d + self->timeout, &second) < 0) {
+            Py_DECREF(block);
+            return NULL;
+        }
+        int err;
+        if (sp_due(second, w)) {
+            err = PyDict_DelItem(self->shared, block) < 0;
+            if (!err) {
+                PyObject *gone = PyObject_CallMethod(self->upserts, "pop", "OO", block, Py_None);
+                err = gone == NULL;
+                Py_XDECREF(gone);
+            }
+            err = err || PySet_Add(self->removals, block) < 0;
+        } else { /* referenced since it was scheduled: one entry per block, at its deadline */
+            err = sp_schedule(self, block, d) < 0;
+        }
+        Py_DECREF(block);
+        if (err) {
+            return NULL;
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+/* restore(shared, held): the shared table, then each open conversation's held ids. */
+static PyObject *
+sp_restore(Sp *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "restore(shared, held)");
+        return NULL;
+    }
+    PyObject *items = PyMapping_Items(args[0]);
+    if (items == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(items); k++) {
+        PyObject *kv = PyList_GET_ITEM(items, k);
+        PyObject *block = PyTuple_GET_ITEM(kv, 0), *last = PyTuple_GET_ITEM(kv, 1);
+        double d = PyFloat_AsDouble(last);
+        if ((d == -1.0 && PyErr_Occurred()) || PyDict_SetItem(self->shared, block, last) < 0 ||
+            sp_schedule(self, block, d) < 0) {
+            Py_DECREF(items);
+            return NULL;
+        }
+    }
+    Py_DECREF(items);
+    PyObject *it = PyObject_GetIter(args[1]), *entry;
+    if (it == NULL) {
+        return NULL;
+    }
+    while ((entry = PyIter_Next(it)) != NULL) {
+        PyObject *session, *blocks;
+        if (!PyArg_ParseTuple(entry, "OO", &session, &blocks)) {
+            goto fail;
+        }
+        PyObject *seq = PySequence_Fast(blocks, "held must be a sequence of block ids");
+        if (seq == NULL) {
+            goto fail;
+        }
+        for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(seq); k++) {
+            PyObject *block = PySequence_Fast_GET_ITEM(seq, k);
+            int in = PyDict_Contains(self->shared, block);
+            if (in < 0 || (!in && PyDict_SetItem(self->owners, block, session) < 0)) {
+                Py_DECREF(seq);
+                goto fail;
+            }
+        }
+        Py_DECREF(seq);
+        Py_DECREF(entry);
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(entry);
+    Py_DECREF(it);
+    return NULL;
+}
+
+static PyObject *
+sp_clear_owners(Sp *self, PyObject *Py_UNUSED(ignored))
+{
+    PyDict_Clear(self->owners);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+sp_positions_list(Sp *self, PyObject *arg)
+{
+    Py_ssize_t blocks = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    if (blocks == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_ssize_t n = sp_positions(self, blocks);
+    if (n < 0) {
+        return NULL;
+    }
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t k = 0; out != NULL && k < n; k++) {
+        PyObject *p = PyLong_FromLongLong(self->pos[k]);
+        if (p == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, k, p);
+    }
+    return out;
+}
+
+/* next_due: floor + 1 of the earliest entry (an int in Python: a float where that is exact),
+   inf when there is none. */
+static PyObject *
+sp_get_next_due(Sp *self, void *Py_UNUSED(c))
+{
+    if (!self->heap_n) {
+        return PyFloat_FromDouble(INFINITY);
+    }
+    double second = self->heap[0].second;
+    if (second < 9007199254740992.0 && second >= -9007199254740992.0) {
+        return PyFloat_FromDouble(second + 1.0);
+    }
+    PyObject *floor_int = PyLong_FromDouble(second), *one = PyLong_FromLong(1), *due = NULL;
+    if (floor_int != NULL && one != NULL) {
+        due = PyNumber_Add(floor_int, one);
+    }
+    Py_XDECREF(floor_int);
+    Py_XDECREF(one);
+    return due;
+}
+
+static PyObject *
+sp_get_shared(Sp *self, void *Py_UNUSED(c))
+{
+    return Py_NewRef(self->shared);
+}
+
+static PyObject *
+sp_get_timeout(Sp *self, void *Py_UNUSED(c))
+{
+    return PyFloat_FromDouble(self->timeout);
+}
+
+static Py_ssize_t
+sp_len(Sp *self)
+{
+    return PyDict_GET_SIZE(self->owners) + PyDict_GET_SIZE(self->shared);
+}
+
+/* SharedIndexCore(capacity, timeout_s, dense_blocks, run_type, no_sharing, upserts, removals) */
+static int
+sp_init(Sp *self, PyObject *args, PyObject *kwds)
+{
+    static char *names[] = {"capacity", "timeout_s", "dense_blocks", "run_type", "no_sharing",
+                            "upserts", "removals", NULL};
+    Py_ssize_t capacity;
+    long long dense;
+    double timeout;
+    PyObject *run_type, *no_sharing, *upserts, *removals;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ndLOOO!O!", names, &capacity, &timeout, &dense,
+                                     &run_type, &no_sharing, &PyDict_Type, &upserts, &PySet_Type,
+                                     &removals)) {
+        return -1;
+    }
+    if (capacity < 0 || dense < 1 || dense > ((int64_t)1 << 61)) {
+        PyErr_SetString(PyExc_ValueError, "capacity must be >= 0 and 1 <= dense_blocks <= 2**61");
+        return -1;
+    }
+    if (!PyType_Check(run_type) || !PyType_IsSubtype((PyTypeObject *)run_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "run_type must be a tuple subclass (SharedRun)");
+        return -1;
+    }
+    if (self->owners != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "SharedIndexCore is initialised once");
+        return -1;
+    }
+    self->capacity = capacity;
+    self->timeout = timeout;
+    self->dense = dense;
+    self->owners = PyDict_New();
+    self->shared = PyDict_New();
+    if (self->owners == NULL || self->shared == NULL) {
+        return -1;
+    }
+    self->upserts = Py_NewRef(upserts);
+    self->removals = Py_NewRef(removals);
+    self->run_type = Py_NewRef(run_type);
+    self->no_sharing = Py_NewRef(no_sharing);
+    return 0;
+}
+
+static const size_t sp_refs[] = {offsetof(Sp, owners),   offsetof(Sp, shared),
+                                 offsetof(Sp, upserts),  offsetof(Sp, removals),
+                                 offsetof(Sp, run_type), offsetof(Sp, no_sharing)};
+
+/* The heap's blocks are not visited: block ids are ints and strs, which hold no references. */
+static int
+sp_traverse(Sp *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    return refs_visit(self, sp_refs, Py_ARRAY_LENGTH(sp_refs), visit, arg);
+}
+
+static int
+sp_clear(Sp *self)
+{
+    refs_clear(self, sp_refs, Py_ARRAY_LENGTH(sp_refs));
+    return 0;
+}
+
+static void
+sp_dealloc(Sp *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    sp_clear(self);
+    for (Py_ssize_t k = 0; k < self->heap_n; k++) {
+        Py_DECREF(self->heap[k].block);
+    }
+    free(self->heap); /* grown by GROW (realloc) */
+    free(self->pos);
+    PyMem_Free(self->lasto);
+    PyMem_Free(self->lastv);
+    PyMem_Free(self->mine);
+    PyMem_Free(self->hash);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static PyMethodDef sp_methods[] = {
+    {"observe", (PyCFunction)(void (*)(void))sp_observe, METH_FASTCALL | METH_KEYWORDS,
+     "observe(session_id, timestamp, hashes, held, last_seen, newest=True) -> (run, held)"},
+    {"continues", (PyCFunction)(void (*)(void))sp_continues, METH_FASTCALL,
+     "continues(hashes, held) -> bool"},
+    {"release", (PyCFunction)(void (*)(void))sp_release, METH_FASTCALL,
+     "release(session_id, held): a conversation completed"},
+    {"expire", (PyCFunction)sp_expire, METH_O, "expire(watermark)"},
+    {"restore", (PyCFunction)(void (*)(void))sp_restore, METH_FASTCALL,
+     "restore(shared, held): rebuild from a checkpoint"},
+    {"clear", (PyCFunction)sp_clear_owners, METH_NOARGS, "clear(): everything completes"},
+    {"positions", (PyCFunction)sp_positions_list, METH_O,
+     "positions(blocks) -> the indexed positions of a request of `blocks` blocks"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef sp_members[] = {
+    {"capacity", T_PYSSIZET, offsetof(Sp, capacity), READONLY, "block ids kept at most"},
+    {"dense_blocks", T_LONGLONG, offsetof(Sp, dense), READONLY, "every id below 2x this"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef sp_getset[] = {
+    {"shared_table", (getter)sp_get_shared, NULL, "shared block -> last reference (s)", NULL},
+    {"next_due", (getter)sp_get_next_due, NULL, "event time from which expire drops something",
+     NULL},
+    {"_timeout", (getter)sp_get_timeout, NULL, "the completion timeout (s)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot sp_slots[] = {
+    {Py_tp_init, sp_init},
+    {Py_tp_dealloc, sp_dealloc},
+    {Py_tp_traverse, sp_traverse},
+    {Py_tp_clear, sp_clear},
+    {Py_tp_methods, sp_methods},
+    {Py_tp_members, sp_members},
+    {Py_tp_getset, sp_getset},
+    {Py_sq_length, sp_len},
+    {Py_mp_length, sp_len},
+    {Py_tp_doc, "SharedIndexCore(...): kvcast.stats.shared_prefix's index in C (see _replay.c)."},
+    {0, NULL},
+};
+
+static PyType_Spec sp_spec = {
+    .name = "kvcast.stats.native._replay.SharedIndexCore",
+    .basicsize = sizeof(Sp),
+    .itemsize = 0,
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE,
+    .slots = sp_slots,
+};
+
+/* ------------------------------------------------------------------------------------------ */
 /* Module                                                                                      */
 
 static int
@@ -2773,10 +3777,16 @@ mod_exec(PyObject *m)
     if (st->core_type == NULL || PyModule_AddObjectRef(m, "ReplayCore", st->core_type) < 0) {
         return -1;
     }
+    st->shared_index_type = PyType_FromModuleAndSpec(m, &sp_spec, NULL);
+    if (st->shared_index_type == NULL ||
+        PyModule_AddObjectRef(m, "SharedIndexCore", st->shared_index_type) < 0) {
+        return -1;
+    }
     return 0;
 }
 
-static const size_t mod_refs[] = {offsetof(ModState, unsupported), offsetof(ModState, core_type)};
+static const size_t mod_refs[] = {offsetof(ModState, unsupported), offsetof(ModState, core_type),
+                                  offsetof(ModState, shared_index_type)};
 
 static int
 mod_traverse(PyObject *m, visitproc visit, void *arg)
