@@ -515,4 +515,4 @@ def test_a_split_shared_node_stays_shared_in_both_parts(
     assert prompt_node.parent is first_half and len(prompt_node.key) == 20
     for node in (first_half, prompt_node):
         assert node.__dict__.get(SHARED_ATTR)
-    assert first_half.__dict__[TAG_ATTR][0].key == (SHARED_INTENT, 1)
+    assert first_half.__dict__[TAG_ATTR][0].state == (SHARED_INTENT, 1)

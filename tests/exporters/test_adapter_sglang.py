@@ -107,15 +107,17 @@ def test_a_refreshed_table_revalues_nodes_tagged_before_it() -> None:
 
 
 def test_states_are_bounded_whatever_intents_requests_send(monkeypatch: pytest.MonkeyPatch) -> None:
-    import kvcast.exporters.kit.adapters.sglang as adapter
+    import kvcast.exporters.kit.adapters.state_values as state_values
 
-    monkeypatch.setattr(adapter, "_MAX_STATES", 8)
+    monkeypatch.setattr(state_values, "MAX_STATES", 8)
     strategy = IACStrategy(PriorityIndex(TABLE), clock=Clock(0.0))
     _root, node = path(1)
     for k in range(50):
         strategy.tag(node, f"junk-{k}", 1)
     strategy.tag(node, "coding", 1)  # a state the table lists still gets its own values
-    assert len(strategy._states) <= 9
+    # 8 states of their own, the defaults' one the rest share, and the listed state
+    assert len(strategy._states) == 8 + 1 + 1
+    assert strategy._states.get("junk-49", 1).state is None
     assert strategy.get_priority(node) == (1, 0.9, 10)
 
 

@@ -227,7 +227,7 @@ def test_a_shared_mark_lasts_until_the_block_is_handed_out_for_other_content() -
     queue.mark_shared([prompt])
     with queue.tagging("chat", 1):
         queue.append_n(list(reversed(prompt + own)))  # tail first: own blocks, then the prompt
-    lists = {state: lst for state, lst in queue._lists.items()}
+    lists = queue._states.states()
     assert set(lists) == {("chat", 1), (SHARED_INTENT, 1)}
     assert [queue.state_of(b) for b in prompt + own] == [(SHARED_INTENT, 1)] * 2 + [("chat", 1)] * 2
     assert sorted(b.block_id for b in queue.popleft_n(4)) == [0, 1, 2, 3]

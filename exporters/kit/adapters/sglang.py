@@ -44,7 +44,8 @@ from math import log1p
 from typing import Any
 
 from kvcast.exporters.kit.adapters.request_state import HasIndex, live_table, policy_of, state_from
-from kvcast.exporters.kit.ages import AGE_BUCKETS, PER_OCTAVE
+from kvcast.exporters.kit.adapters.state_values import StateCache, StateValues
+from kvcast.exporters.kit.ages import AGE_BUCKETS, BUCKET_SCALE
 from kvcast.exporters.kit.index import SHARED_INTENT, PriorityIndex
 
 __all__ = [
@@ -64,25 +65,11 @@ BACKEND_NAME = "kvcast"  # --radix-cache-backend kvcast
 TAG_ATTR = "kvcast_tag"  # on a tree node: (its state, released at: strategy clock s) or None
 SHARED_ATTR = "kvcast_shared"  # on a tree node: True once a turn-1 request found it cached
 UNTAGGED = -1  # first element of an untagged node's key: below every tagged one (0 or 1)
-_MAX_STATES = 4_096  # (intent, turn) pairs valued per table: requests choose them
-_BUCKET_SCALE = PER_OCTAVE / 0.6931471805599453  # kvcast.stats.priority.age_bucket, inlined
-_LAST = AGE_BUCKETS - 1
+_LAST = AGE_BUCKETS - 1  # ages.age_bucket inlined in get_priority (its hot path)
 
 
 class RustTreeCoreError(TypeError):
     """The cache's tree core is SGLang's Rust one, which cannot call a Python strategy."""
-
-
-class _State:
-    """One (intent, turn) state's table values, shared by every node tagged with it."""
-
-    __slots__ = ("curve", "key", "median_s", "p")
-
-    def __init__(self, key: tuple[str, int] | None) -> None:
-        self.key = key  # None: the table's defaults
-        self.median_s = 0.0
-        self.p = 0.0
-        self.curve: list[float] = []  # density per age bucket (policy density only)
 
 
 def request_state(req: Any) -> tuple[str | None, int]:
@@ -107,10 +94,9 @@ class IACStrategy:
         self.policy = policy_of(self._table)
         self._density = self.policy == "density"
         self.clock = clock
-        self._index: PriorityIndex | None = None
-        self._states: dict[tuple[str, int] | None, _State] = {}
-        self._default = self._states[None] = _State(None)
-        self._sync()
+        # one StateValues per (intent, turn) tagged: what get_priority reads off a node's tag
+        self._states = StateCache(self._table, StateValues, density=self._density)
+        self._states.sync()
 
     def get_priority(self, node: Any) -> tuple[Any, ...]:
         """``(-1, last_access_time)`` untagged, else ``(recency, P(t+1 | i, t), size)``
@@ -118,12 +104,12 @@ class IACStrategy:
         tag = node.__dict__.get(TAG_ATTR)  # no AttributeError raised and caught per node
         if tag is None:
             return (UNTAGGED, node.last_access_time)
-        if self._table.index is not self._index:
-            self._sync()
+        if self._table.index is not self._states.index:
+            self._states.sync()
         state, released_at = tag
         if self._density:
             age = self.clock() - released_at
-            k = int(log1p(age) * _BUCKET_SCALE) if age > 0.0 else 0
+            k = int(log1p(age) * BUCKET_SCALE) if age > 0.0 else 0
             return (0, state.curve[k if k < _LAST else _LAST] / (len(node.key) or 1), -age)
         recent = 1 if self.clock() - released_at < state.median_s else 0
         return (recent, state.p, len(node.key))
@@ -142,7 +128,7 @@ class IACStrategy:
         inside them are marked so for as long as they live); marked nodes take the table's
         shared law where it has one. Returns the number of nodes."""
         now = self.clock() if released_at is None else released_at
-        tag = None if intent is None else (self._state(intent, turn), now)
+        tag = None if intent is None else (self._states.get(intent, turn), now)
         path = []
         while node is not None and node.parent is not None:
             path.append(node)
@@ -157,7 +143,7 @@ class IACStrategy:
                         break
                     setattr(node, SHARED_ATTR, True)
             if self._table.index.has_shared:
-                shared_tag = (self._state(SHARED_INTENT, 1), now)
+                shared_tag = (self._states.get(SHARED_INTENT, 1), now)
         for node in path:
             marked = shared_tag is not None and node.__dict__.get(SHARED_ATTR)
             setattr(node, TAG_ATTR, shared_tag if marked else tag)
@@ -173,37 +159,6 @@ class IACStrategy:
         intent, turn = request_state(req)
         hit = getattr(req, "cached_tokens", 0) if intent is not None and turn == 1 else 0
         return self.tag(node, intent, turn, shared_tokens=hit if isinstance(hit, int) else 0)
-
-    def _state(self, intent: str, turn: int) -> _State:
-        index = self._table.index
-        if index is not self._index:
-            self._sync()
-        key = (intent, min(turn, index.max_turn))
-        found = self._states.get(key)
-        if found is None:
-            if len(self._states) >= _MAX_STATES and not index.listed(*key):
-                return self._default
-            found = self._states[key] = _State(key)
-            _value(found, index, self._density)
-        return found
-
-    def _sync(self) -> None:
-        """Every state takes the values of the table now."""
-        index = self._table.index
-        self._index = index
-        for state in self._states.values():
-            _value(state, index, self._density)
-
-
-def _value(state: _State, index: PriorityIndex, density: bool) -> None:
-    if state.key is None:
-        state.median_s, state.p = index.default_median_s, index.default_p
-        if density:
-            state.curve = index.default_curve().values
-    else:
-        state.median_s, state.p = index.state(*state.key)
-        if density:
-            state.curve = index.curve(*state.key).values
 
 
 def _node_of(cache: Any, handle: Any) -> Any:

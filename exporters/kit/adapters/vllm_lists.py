@@ -15,6 +15,8 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from kvcast.exporters.kit.adapters.state_values import StateValues
+
 __all__ = [
     "Link",
     "StateList",
@@ -51,31 +53,16 @@ class Link:
         self.next_run: Link | None = None
 
 
-class StateList:
-    """The free blocks of one table state, in runs, oldest first, and the state's values."""
+class StateList(StateValues):
+    """The free blocks of one table state, in runs, oldest first, and the state's values
+    (:class:`StateValues`: one per state, kept by the queue's ``StateCache``)."""
 
-    __slots__ = (
-        "curve",
-        "drop",
-        "epochs",
-        "flip_due",
-        "head",
-        "median_s",
-        "p",
-        "rank",
-        "serial",
-        "state",
-        "tail",
-    )
+    __slots__ = ("epochs", "flip_due", "head", "rank", "serial", "tail")
 
     def __init__(self, state: tuple[str, int] | None) -> None:
-        self.state = state  # None: the table's defaults (unlisted intents)
+        super().__init__(state)  # None: the table's defaults (unlisted intents)
         self.head, self.tail = empty_list()  # runs chain through next_run, oldest first
-        self.median_s = 0.0
-        self.p = 0.0
-        self.rank = 0  # position in the queue's lists by p
-        self.curve: list[float] = []  # density by age bucket (policy density)
-        self.drop: list[int] = []  # per bucket, the next bucket of a lower value
+        self.rank = 0  # position in the IAC order's lists by p
         self.epochs = [0, 0]  # per end: density candidates of another epoch are stale
         self.flip_due = [math.inf, math.inf]  # per end: its earliest flip pending (clock s)
         self.serial = 0  # creation order: the density tie-break between lists

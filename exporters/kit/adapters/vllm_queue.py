@@ -27,6 +27,9 @@ Under the ``density`` policy (the table's client ranks by it: ``TableClient(...,
 "density")``) the tagged blocks go lowest hit density first, the key of
 ``PriorityIndex.priority(..., policy="density")`` with the size of one block, from a heap over
 the lists' ends (:mod:`kvcast.exporters.kit.adapters.vllm_density`): O(log states) per run taken.
+The two orders are two classes (:mod:`kvcast.exporters.kit.adapters.vllm_orders`); the lists'
+values come from the kit's one cache of table states
+(:mod:`kvcast.exporters.kit.adapters.state_values`), shared with the SGLang adapter.
 
 Shared blocks (``density`` with a table that carries the shared blocks' reuse law): a block
 that a turn-1 request found cached is shared by two conversations (a turn-1 request has no
@@ -42,29 +45,23 @@ the block pool runs on the scheduler thread.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from kvcast.exporters.kit.adapters.request_state import HasIndex, live_table, policy_of
-from kvcast.exporters.kit.adapters.vllm_density import HEAD, DensityHeap, density_order
+from kvcast.exporters.kit.adapters.state_values import StateCache
 from kvcast.exporters.kit.adapters.vllm_lists import (
-    Link,
     StateList,
     append_run,
     chain,
     drop_run,
     empty_list,
-    run_blocks,
-    take_run,
 )
+from kvcast.exporters.kit.adapters.vllm_orders import order_for
 from kvcast.exporters.kit.index import SHARED_INTENT, PriorityIndex
 
 __all__ = ["IACFreeBlockQueue"]
-
-_MAX_RESOLVED = 65_536  # (intent, turn) pairs remembered per table: requests choose them
-_MAX_LISTS = 4_096  # state lists; the table's own states always get theirs
 
 
 class _Tagging:
@@ -103,8 +100,9 @@ class IACFreeBlockQueue:
         if table is None:
             table = PriorityIndex(None)
         self._table: HasIndex = live_table(table)
-        self._density = policy_of(self._table) == "density"
-        self._order = DensityHeap()  # policy density: the lists' ends, lowest key first
+        policy = policy_of(self._table)
+        self._order = order_for(policy)  # how the tagged blocks leave
+        self._density = policy == "density"  # curves valued, shared marks kept
         self._clock = clock
         self.num_free_blocks = 0
         self.fake_free_list_head, self.fake_free_list_tail = empty_list()
@@ -112,15 +110,17 @@ class IACFreeBlockQueue:
         # block ever marked (until then neither appending nor taking blocks looks at marks).
         self._shared = bytearray(max((block.block_id for block in blocks), default=-1) + 1)
         self._marked = False
-        self._lists: dict[tuple[str, int] | None, StateList] = {}
-        self._by_p: list[StateList] = []  # the state lists, least likely to continue first
-        self._index: PriorityIndex | None = None  # the table the lists' values come from
-        self._resolved: dict[tuple[str, int], StateList] = {}  # (intent, turn) as requested
+        # One list per (intent, turn) freed, valued by the table in use (the defaults while it
+        # is not listed), so blocks freed before the table lists their state move when it does;
+        # past its bound, unlisted states share the defaults' list.
+        self._states = StateCache(
+            self._table,
+            StateList,
+            density=self._density,
+            added=self._added,
+            changed=lambda: self._order.revalued(self._clock()),
+        )
         self._pending: StateList | None = None  # set by tagging(): the state being freed
-        # Bounds that spare popleft_n a pass over every state: no list's first block passes its
-        # median before _stale_from (clock s); the lists by p before _low_rank are empty.
-        self._stale_from = -math.inf
-        self._low_rank = 0
         self.append_n(list(blocks))
 
     @classmethod
@@ -170,71 +170,14 @@ class IACFreeBlockQueue:
 
     def begin_tagging(self, intent: str, turn: int) -> None:
         """What ``with tagging(...)`` does on entry (for a hot path: no context object)."""
-        self._pending = self._list_of(intent, turn)
+        self._pending = self._states.get(intent, turn)
 
     def end_tagging(self) -> None:
         self._pending = None
 
-    def _list_of(self, intent: str, turn: int) -> StateList:
-        """The list of a request's state: one dict lookup per request once it has been seen.
-
-        Every ``(intent, turn)`` gets a list of its own, valued by the table in use (the
-        defaults while it is not listed), so blocks freed before the table lists their state
-        move when it does. Past ``_MAX_LISTS`` lists, unlisted states share the defaults' list
-        (requests choose their intents: memory must not depend on them).
-        """
-        if self._table.index is self._index:  # the table as it was: no _sync() call
-            found = self._resolved.get((intent, turn))
-            if found is not None:
-                return found
-        index = self._sync()
-        found = self._resolved.get((intent, turn))
-        if found is not None:
-            return found
-        state: tuple[str, int] | None = (intent, min(turn, index.max_turn))
-        found = self._lists.get(state)
-        if found is None:
-            if len(self._lists) >= _MAX_LISTS and not index.listed(*state):
-                state = None
-                found = self._lists.get(state)
-            if found is None:
-                found = self._lists[state] = StateList(state)
-                found.serial = len(self._lists)
-                self._set_values(found, index)
-                self._by_p.append(found)
-                self._rank()
-        if len(self._resolved) < _MAX_RESOLVED:
-            self._resolved[(intent, turn)] = found
-        return found
-
-    def _sync(self) -> PriorityIndex:
-        """The table now; when it changed, every state list takes its new values."""
-        index = self._table.index
-        if index is not self._index:
-            self._index = index
-            self._resolved.clear()
-            for state_list in self._lists.values():
-                self._set_values(state_list, index)
-            self._rank()
-            if self._density:
-                self._order.rebuild(self._by_p, self._clock())
-        return index
-
-    def _rank(self) -> None:
-        self._by_p.sort(key=lambda lst: lst.p)
-        for rank, state_list in enumerate(self._by_p):
-            state_list.rank = rank
-        self._stale_from, self._low_rank = -math.inf, 0
-
-    def _set_values(self, state_list: StateList, index: PriorityIndex) -> None:
-        if state_list.state is None:
-            state_list.median_s, state_list.p = index.default_median_s, index.default_p
-            curve = index.default_curve() if self._density else None
-        else:
-            state_list.median_s, state_list.p = index.state(*state_list.state)
-            curve = index.curve(*state_list.state) if self._density else None
-        if curve is not None:
-            state_list.curve, state_list.drop = curve.values, curve.drops()
+    def _added(self, state_list: StateList) -> None:
+        state_list.serial = len(self._states)  # creation order: density's tie-break
+        self._order.add(state_list)
 
     # -- vLLM's FreeKVCacheBlockQueue ------------------------------------------------------------
 
@@ -270,48 +213,8 @@ class IACFreeBlockQueue:
         return popped
 
     def _pop_tagged(self, wanted: int, popped: list[Any]) -> None:
-        self._sync()
-        if self._density:
-            self._order.pop(wanted, popped, self._clock())
-            return
-        now = self._clock()
-        by_p = self._by_p
-        if now >= self._stale_from:
-            # Past their median first, lowest P first: a list's oldest block is its first, so
-            # each list gives blocks from its head until one is still within its median.
-            stale_from = math.inf
-            for state_list in by_p:
-                wanted, due = self._take(state_list, wanted, popped, now)
-                stale_from = min(stale_from, due)
-                if not wanted:
-                    stale_from = now  # stopped early: the next call looks again
-                    break
-            self._stale_from = stale_from
-            if not wanted:
-                return
-        for rank in range(self._low_rank, len(by_p)):  # then the rest, lowest P first
-            wanted, _ = self._take(by_p[rank], wanted, popped, None)
-            if not wanted:
-                self._low_rank = rank
-                return
-        raise RuntimeError("num_free_blocks is out of sync with the free lists")
-
-    def _take(
-        self, state_list: StateList, wanted: int, popped: list[Any], now: float | None
-    ) -> tuple[int, float]:
-        """Unlink up to ``wanted`` blocks from the list's oldest runs into ``popped``; with
-        ``now`` (clock s), only blocks past their median then. Returns what is still wanted and
-        when the list's new first block passes its median (inf: none, or no ``now``)."""
-        tail, median_s = state_list.tail, state_list.median_s
-        run = state_list.head.next_run
-        while wanted and run is not tail:
-            assert run is not None
-            if now is not None and run.freed_at + median_s > now:
-                return wanted, run.freed_at + median_s
-            following = run.next_run
-            wanted = take_run(run, wanted, popped)
-            run = following
-        return wanted, math.inf
+        self._states.sync()
+        self._order.pop(wanted, popped, self._clock())
 
     def remove(self, block: Any) -> None:
         """Remove a block in the free list (a cache hit) and reduce num_free_blocks by 1."""
@@ -326,8 +229,7 @@ class IACFreeBlockQueue:
             at_head = prev_block.prev_run is state_list.head
             at_tail = prev_block.next_run is state_list.tail
             drop_run(prev_block, next_block)
-            if self._density and (at_head or at_tail):  # an end of the list has another run
-                self._order.push_ends(state_list, self._clock())
+            self._order.removed(state_list, at_head or at_tail, self._clock())
 
     def append(self, block: Any) -> None:
         """Put a block back into the free list and increase num_free_blocks by 1."""
@@ -348,7 +250,7 @@ class IACFreeBlockQueue:
         cut = self._shared_from(blocks) if self._marked else len(blocks)
         self._append_tagged(blocks[:cut] if cut < len(blocks) else blocks, state_list)
         if cut < len(blocks):
-            self._append_tagged(blocks[cut:], self._list_of(SHARED_INTENT, 1))
+            self._append_tagged(blocks[cut:], self._states.get(SHARED_INTENT, 1))
 
     def _shared_from(self, blocks: Sequence[Any]) -> int:
         """Where the marked blocks of a request's freed blocks (tail first) begin: its marked
@@ -357,7 +259,8 @@ class IACFreeBlockQueue:
         shared, cut = self._shared, len(blocks)
         while cut and blocks[cut - 1].block_id < len(shared) and shared[blocks[cut - 1].block_id]:
             cut -= 1
-        if cut < len(blocks) and not (self._index is not None and self._index.has_shared):
+        index = self._states.index
+        if cut < len(blocks) and not (index is not None and index.has_shared):
             return len(blocks)
         return cut
 
@@ -367,17 +270,9 @@ class IACFreeBlockQueue:
             return
         now = self._clock()
         was_empty = state_list.head.next_run is state_list.tail
-        if was_empty:  # a new first block: update the bounds
-            self._stale_from = min(self._stale_from, now + state_list.median_s)
-            self._low_rank = min(self._low_rank, state_list.rank)
         run = append_run(state_list, blocks, now)
         self.num_free_blocks += len(blocks)
-        if not self._density:
-            return
-        if was_empty:
-            self._order.push_end(state_list, HEAD, now)
-        else:
-            self._order.push_new_tail(state_list, run)
+        self._order.appended(state_list, run, was_empty, now)
 
     def prepend_n(self, blocks: Sequence[Any]) -> None:
         """Put blocks holding no cache at the front of the free list (reused first, as stock)."""
@@ -412,24 +307,5 @@ class IACFreeBlockQueue:
         while block is not tail:
             yield block
             block = block.next_free_block
-        self._sync()
-        if self._density:
-            yield from density_order(self._by_p, self._clock())
-            return
-        now = self._clock()
-        resume: dict[int, Link] = {}
-        for state_list in self._by_p:
-            run = state_list.head.next_run
-            while run is not state_list.tail:
-                assert run is not None
-                if run.freed_at + state_list.median_s > now:
-                    break
-                yield from run_blocks(run)
-                run = run.next_run
-            resume[id(state_list)] = run
-        for state_list in self._by_p:
-            run = resume[id(state_list)]
-            while run is not state_list.tail:
-                assert run is not None
-                yield from run_blocks(run)
-                run = run.next_run
+        self._states.sync()
+        yield from self._order.order(self._clock())
