@@ -13,13 +13,14 @@ environment, which wins over a config file (``run --config``), which wins over t
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
 from kvcast.daemon.logs import LOG_FORMATS
+from kvcast.daemon.settings import Choice, Number, Text, declared
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.taxonomy import label_map
 from kvcast.stats.tiers import DEFAULT_TIER_MODE, TIER_MODES, Tier, check_tiers, parse_tier
@@ -194,35 +195,61 @@ def pop_stats_config(kwargs: dict[str, Any]) -> StatsConfig:
         raise click.UsageError(str(exc)) from None
 
 
-def capacity_options(command: F) -> F:
-    """Flags describing the cache being forecast: capacity, block size handled by stats."""
-    command = click.option(
-        "--kv-bytes-per-token",
-        type=Ints(min=1),
-        default=None,
-        envvar="KVCAST_KV_BYTES_PER_TOKEN",
-        show_envvar=True,
-        help="KV cache bytes per token (capacities are then also reported in bytes).",
-    )(command)
-    command = click.option(
-        "--instances",
-        type=Ints(min=1),
-        default=1,
-        show_default=True,
-        envvar="KVCAST_INSTANCES",
-        show_envvar=True,
-        help="Prefill instances behind session-affine routing; each sees lambda0/instances.",
-    )(command)
-    command = click.option(
-        "--capacity-blocks",
-        type=Ints(min=1),
-        default=2275,
-        show_default=True,
-        envvar="KVCAST_CAPACITY_BLOCKS",
-        show_envvar=True,
-        help="KV cache capacity of one instance, in blocks (default: the paper's 40 GB prefiller).",
-    )(command)
-    return command
+def _click_type(kind: Number | Choice | Text) -> Any:
+    """The click type checking what ``kind`` declares, with the uniform message for numbers."""
+    if isinstance(kind, Number):
+        numbers = Ints if kind.type is int else Floats
+        return numbers(min=kind.min, max=kind.max, min_open=kind.min_open, max_open=kind.max_open)
+    if isinstance(kind, Choice):
+        return click.Choice([str(value) for value in kind.values])
+    return click.STRING
+
+
+def declared_options(names: Collection[str] | None = None) -> Callable[[F], F]:
+    """Add the options of the settings :class:`~kvcast.daemon.settings.DaemonSettings`
+    declares (all, or those named), in field order; :func:`pop_declared` reads them back."""
+
+    def add(command: F) -> F:
+        chosen = [(found, how) for found, how in declared() if names is None or found.name in names]
+        for found, how in reversed(chosen):
+            default = None if found.default in (None, ()) else found.default
+            command = click.option(
+                how.flag,
+                found.name,
+                type=_click_type(how.kind),
+                multiple=how.many,
+                default=default,
+                show_default=default is not None,
+                envvar=how.envvar,
+                show_envvar=how.envvar is not None,
+                help=how.help,
+            )(command)
+        return command
+
+    return add
+
+
+def pop_declared(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Remove the declared settings' options from ``kwargs``, as the fields' values: a choice
+    as the declared value (``--taxonomy 20`` -> 20), a repeated or separated one as a tuple."""
+    values: dict[str, Any] = {}
+    for found, how in declared():
+        if found.name not in kwargs:
+            continue
+        value = kwargs.pop(found.name)
+        if isinstance(how.kind, Choice) and value is not None:
+            value = next(choice for choice in how.kind.values if str(choice) == str(value))
+        if how.many:
+            value = tuple(value)
+        if how.separator is not None:
+            parts = (value or "").split(how.separator)
+            value = tuple(part.strip() for part in parts if part.strip())
+        values[found.name] = value
+    return values
+
+
+# The cache being forecast, shared by ``replay``.
+capacity_options = declared_options(("capacity_blocks", "instances", "kv_bytes_per_token"))
 
 
 def block_size_option(command: F) -> F:

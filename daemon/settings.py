@@ -1,14 +1,29 @@
-"""All configuration of the daemon in one typed, frozen, validated place.
+"""All configuration of the daemon in one typed, frozen, validated place, each setting once.
 
 Layering (highest wins): command-line flags, then ``KVCAST_*`` environment variables, then
 the TOML config file (``--config`` / ``KVCAST_CONFIG``), then the defaults below. The
 ``kvcast run`` command builds one :class:`DaemonSettings`; nothing else reads the environment.
+
+A field of :class:`DaemonSettings` declared with :func:`setting` carries its :class:`Setting`:
+the flag (``--commit-interval``), hence the variable (``KVCAST_COMMIT_INTERVAL``) and the config
+key (``commit-interval``, or the field's name), its kind (bounds or choices), help and any
+further rule. The CLI's options, the Helm chart's schema and the settings table of
+docs/operating.md are generated from these, and ``__post_init__`` checks each value by the same
+declaration, so a bound cannot differ between the flag and the Python API. Three fields are
+composites with flags of their own, shared with other commands: ``stats``
+(:class:`~kvcast.stats.config.StatsConfig`, ``replay`` and ``table`` too), ``tiers`` and
+``tier_mode`` (``forecast``, ``simulate``) and ``extra_intents`` (read from ``--taxonomy-file``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import numbers
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 from kvcast.producer.kafka import kafka_topic_of
@@ -22,102 +37,406 @@ _NAMESPACE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 STORE_SCHEMES = SCHEMES  # the grammar's (kvcast.stats.store_url)
 SOURCE_SCHEMES = ("kafka", "file")
 MAX_WORKERS = 64
+SETTING = "kvcast.setting"  # the key of a declared field's metadata
+
+
+@dataclass(frozen=True)
+class Number:
+    """An ``int`` or a ``float`` within bounds; an open bound is itself refused."""
+
+    type: type[int] | type[float]
+    min: float | None = None
+    max: float | None = None
+    min_open: bool = False
+    max_open: bool = False
+
+    def describe(self) -> str:
+        """``an integer >= 1 and <= 64``, ``a number > 0``."""
+        low = None if self.min is None else f"{'>' if self.min_open else '>='} {self.min:g}"
+        high = None if self.max is None else f"{'<' if self.max_open else '<='} {self.max:g}"
+        kind = "an integer" if self.type is int else "a number"
+        return " ".join([kind, " and ".join(bound for bound in (low, high) if bound)]).strip()
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` is refused, or None."""
+        number = numbers.Integral if self.type is int else numbers.Real
+        if isinstance(value, bool) or not isinstance(value, number):
+            return f"must be {self.describe()}, got {value!r}"
+        fits = not math.isnan(value)
+        if self.min is not None:
+            fits = fits and (value > self.min if self.min_open else value >= self.min)
+        if self.max is not None:
+            fits = fits and (value < self.max if self.max_open else value <= self.max)
+        return None if fits else f"must be {self.describe()}, got {value!r}"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One of ``values`` (the CLI offers them as strings, ``--taxonomy 20``)."""
+
+    values: tuple[Any, ...]
+
+    def problem(self, value: Any) -> str | None:
+        if value in self.values:
+            return None
+        names = [str(choice) for choice in self.values]
+        return f"must be {', '.join(names[:-1])} or {names[-1]}, got {value!r}"
+
+
+@dataclass(frozen=True)
+class Text:
+    """A string."""
+
+    def problem(self, value: Any) -> str | None:
+        return None if isinstance(value, str) else f"must be a string, got {value!r}"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """How one field of :class:`DaemonSettings` is set: ``--flag``, ``KVCAST_FLAG`` (unless
+    ``environment`` is false) and the config key ``flag``. ``many``: a repeatable flag, a TOML
+    list, a tuple; ``separator``: one string split into a tuple (``a,b``). ``check``: a further
+    rule, the whole message (naming the value) or None."""
+
+    flag: str
+    kind: Number | Choice | Text
+    help: str
+    many: bool = False
+    separator: str | None = None
+    environment: bool = True
+    check: Callable[[Any], str | None] | None = None
+
+    @property
+    def key(self) -> str:
+        """The config file's key (``commit-interval``; the field's name is accepted too)."""
+        return self.flag.removeprefix("--")
+
+    @property
+    def envvar(self) -> str | None:
+        if not self.environment:
+            return None
+        return "KVCAST_" + self.key.upper().replace("-", "_")
+
+    def where(self) -> str:
+        """``--commit-interval, KVCAST_COMMIT_INTERVAL or config key commit-interval``."""
+        names = [self.flag, *([self.envvar] if self.envvar else []), f"config key {self.key}"]
+        return ", ".join(names[:-1]) + " or " + names[-1]
+
+    def problems(self, name: str, value: Any, optional: bool) -> Iterator[str]:
+        """What is wrong with ``value`` for the field ``name``, each saying where it is set."""
+        if value is None and optional:
+            return
+        for item in value if self.many or self.separator else (value,):
+            problem = self.kind.problem(item)
+            if problem is not None:
+                yield f"{name} {problem} (set by {self.where()})"
+            elif self.check is not None and (message := self.check(item)) is not None:
+                yield f"{message} (set by {self.where()})"
+
+
+def setting(default: Any, flag: str, kind: Number | Choice | Text, help: str, **how: Any) -> Any:
+    """A :class:`DaemonSettings` field with its default and its :class:`Setting`."""
+    return field(default=default, metadata={SETTING: Setting(flag, kind, help, **how)})
+
+
+def declared() -> Iterator[tuple[dataclasses.Field[Any], Setting]]:
+    """Each declared field of :class:`DaemonSettings` with its setting, in field order."""
+    for found in dataclasses.fields(DaemonSettings):
+        if SETTING in found.metadata:
+            yield found, found.metadata[SETTING]
+
+
+def _source_problem(source: str) -> str | None:
+    if urlsplit(source).scheme not in SOURCE_SCHEMES:
+        return f"source {source!r}: expected kafka://HOST:PORT/TOPIC or file://PATH"
+    parts = urlsplit(source)
+    if parts.scheme == "kafka" and (not parts.netloc or not parts.path.strip("/")):
+        return f"source {source!r}: expected kafka://HOST:PORT/TOPIC"
+    return None
+
+
+def _store_problem(store: str) -> str | None:
+    try:
+        parse(store)
+    except StoreURLError as exc:  # names what is wrong, the password hidden
+        return str(exc)
+    return None
+
+
+def _namespace_problem(namespace: str) -> str | None:
+    if _NAMESPACE.match(namespace):
+        return None
+    return f"namespace {namespace!r}: use 1-64 of A-Z a-z 0-9 _ . -"
+
+
+def _group_problem(group_id: str) -> str | None:
+    return None if group_id else "group_id must not be empty"
+
+
+def _address_problem(address: str) -> str | None:
+    try:
+        host_port(address)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _engine_problem(url: str) -> str | None:
+    parts = urlsplit(url)
+    if parts.scheme in ("http", "https") and parts.netloc:
+        return None
+    return f"engine_metrics {url!r}: expected http://HOST:PORT/metrics"
+
+
+_POSITIVE = Number(float, min=0, min_open=True)
+_COUNT = Number(int, min=1)
 
 
 @dataclass(frozen=True)
 class DaemonSettings:
     """What ``kvcast run`` does. Times in seconds of wall time unless stated otherwise."""
 
-    source: str | None = None  # kafka://HOST:PORT[,HOST:PORT]/TOPIC, file://PATH; None: embedded
-    store: str = "memory://"
+    source: str | None = setting(
+        None,  # embedded default
+        "--source",
+        Text(),
+        "kafka://HOST:PORT/TOPIC or file://PATH; none: embedded default.",
+        check=_source_problem,
+    )
+    store: str = setting(
+        "memory://",
+        "--store",
+        Text(),
+        "memory://, redis://[:PASSWORD@]HOST:PORT/DB, redis+cluster://HOST:PORT[,HOST:PORT...]"
+        " or redis+sentinel://HOST:PORT[,...]/SERVICE (rediss... for TLS).",
+        check=_store_problem,
+    )
     # None: kvcast.NAMESPACE.TOPIC, so that deployments on different topics never share a group
     # (a member of a group gets no partition of a topic the group's leader does not subscribe to).
-    group_id: str | None = None
-    # How the consumer group spreads partitions: cooperative-sticky or range (see
-    # daemon/sources/kafka_source.py); every member of a group must use the same.
-    partition_assignment: str = "cooperative-sticky"
-    namespace: str = "kvcast"
-    metrics_addr: str = "127.0.0.1:9400"
+    group_id: str | None = setting(
+        None,
+        "--group-id",
+        Text(),
+        "Kafka consumer group (default: kvcast.NAMESPACE.TOPIC, one per deployment).",
+        check=_group_problem,
+    )
+    namespace: str = setting(
+        "kvcast", "--namespace", Text(), "Prefix of every Redis key.", check=_namespace_problem
+    )
+    # How the consumer group spreads partitions (see daemon/sources/kafka_source.py); every
+    # member of a group must use the same.
+    partition_assignment: str = setting(
+        "cooperative-sticky",
+        "--partition-assignment",
+        Choice(("cooperative-sticky", "range")),
+        "How the consumer group spreads partitions; cooperative-sticky moves only what must "
+        "move when a replica joins or leaves. Every replica of a group must use the same.",
+    )
+    metrics_addr: str = setting(
+        "127.0.0.1:9400",
+        "--metrics-addr",
+        Text(),
+        "HOST:PORT of the HTTP server (/metrics, /v1/...).",
+        check=_address_problem,
+    )
     # Processes consuming for this instance (kafka:// source and a redis store when > 1): one
     # process decodes ~20,000 events/s in kafka-python; see daemon/workers.py.
-    workers: int = 1
-    capacity_blocks: int = 2275
+    workers: int = setting(
+        1,
+        "--workers",
+        Number(int, min=1, max=MAX_WORKERS),
+        "Processes consuming for this instance (kafka:// and redis:// only); see README.",
+    )
+    capacity_blocks: int = setting(
+        2275,
+        "--capacity-blocks",
+        _COUNT,
+        "KV cache capacity of one instance, in blocks (default: the paper's 40 GB prefiller).",
+    )
     # Cache tiers below the GPU tier (capacity_blocks), top first, blocks per instance, and how
     # they hold blocks: exclusive or inclusive (kvcast.stats.tiers; --tier, --tier-mode).
     tiers: tuple[Tier, ...] = ()
     tier_mode: str = DEFAULT_TIER_MODE
-    instances: int = 1
-    kv_bytes_per_token: int | None = None
-    target_hit_ratios: tuple[float, ...] = (0.5, 0.7)
-    commit_interval_s: float = 1.0
-    commit_max_events: int = 10_000
-    max_uncommitted_events: int = 200_000
-    refresh_interval_s: float = 5.0
-    table_interval_s: float = 10.0
-    status_interval_s: float = 5.0
-    shutdown_timeout_s: float = 10.0
-    max_backoff_s: float = 30.0
-    classifier: str = "auto"  # off | auto (when installed; not for the embedded default) | on
-    classifier_budget_s: float = 0.05  # per consumer poll; unanswered events are `unknown`
-    classifier_backbone: str | None = None  # a local path or cached model name; None: default
-    classifier_head: str | None = None  # a head file; None: the shipped head or zero-shot
-    taxonomy: int = 30  # 30, 20 or 10 intent categories (the IAC paper's merges)
+    instances: int = setting(
+        1,
+        "--instances",
+        _COUNT,
+        "Prefill instances behind session-affine routing; each sees lambda0/instances.",
+    )
+    kv_bytes_per_token: int | None = setting(
+        None,
+        "--kv-bytes-per-token",
+        _COUNT,
+        "KV cache bytes per token (capacities are then also reported in bytes).",
+    )
+    target_hit_ratios: tuple[float, ...] = setting(
+        (0.5, 0.7),
+        "--target-hit-ratio",
+        Number(float, min=0, max=1, min_open=True, max_open=True),
+        "Hit ratios to report the needed capacity for (repeatable).",
+        many=True,
+        environment=False,  # never had a variable; a repeatable flag's would split on spaces
+    )
+    commit_interval_s: float = setting(
+        1.0, "--commit-interval", _POSITIVE, "Seconds between atomic state commits."
+    )
+    commit_max_events: int = setting(
+        10_000,
+        "--commit-max-events",
+        _COUNT,
+        "Commit after this many events even before the interval.",
+    )
+    max_uncommitted_events: int = setting(
+        200_000,
+        "--max-uncommitted-events",
+        _COUNT,
+        "Stop consuming while this many applied events await the store.",
+    )
+    refresh_interval_s: float = setting(
+        5.0, "--refresh-interval", _POSITIVE, "Seconds between forecast recomputations."
+    )
+    table_interval_s: float = setting(
+        10.0,
+        "--table-interval",
+        _POSITIVE,
+        "Minimum seconds between table publications (only when it changed).",
+    )
+    status_interval_s: float = setting(
+        5.0, "--status-interval", _POSITIVE, "Seconds between status lines."
+    )
+    shutdown_timeout_s: float = setting(
+        10.0, "--shutdown-timeout", _POSITIVE, "Seconds SIGTERM may spend storing what was applied."
+    )
+    max_backoff_s: float = setting(
+        30.0,
+        "--max-backoff",
+        _POSITIVE,
+        "Longest wait (s) between retries while the store is unreachable.",
+    )
+    classifier: str = setting(
+        "auto",
+        "--classifier",
+        Choice(("off", "auto", "on")),
+        "Classify events without an intent: auto = when installed (never for the embedded"
+        " default, whose events carry intents).",
+    )
+    classifier_budget_s: float = setting(  # per consumer poll; unanswered events are `unknown`
+        0.05,
+        "--classifier-budget",
+        _POSITIVE,
+        "Seconds a poll's events may wait for the classifier; the rest count as unknown.",
+    )
+    classifier_backbone: str | None = setting(  # None: the default backbone
+        None, "--classifier-backbone", Text(), "Embedding model: local path or name."
+    )
+    classifier_head: str | None = setting(  # None: the shipped head or zero-shot
+        None, "--classifier-head", Text(), "Trained head file (default: shipped)."
+    )
+    taxonomy: int = setting(  # the IAC paper's merges
+        30,
+        "--taxonomy",
+        Choice((30, 20, 10)),
+        "Intent categories (30, or the IAC paper's 20 or 10 merges).",
+    )
     # Intents a deployment counts as states of their own (--taxonomy-file, read by the CLI);
     # any other producer intent outside the taxonomy counts as unknown.
     extra_intents: tuple[str, ...] = ()
-    speedup: float = 240.0  # embedded default: event seconds per wall second
-    sample_conversations: int = 20_000  # embedded default: size of the generated workload
+    speedup: float = setting(
+        240.0,
+        "--speedup",
+        _POSITIVE,
+        "Embedded default: event-time seconds replayed per wall second.",
+    )
+    sample_conversations: int = setting(
+        20_000,
+        "--sample-conversations",
+        _COUNT,
+        "Embedded default: conversations in the generated workload.",
+    )
     # Kafka connection security, passed to kafka-python as is (None: its defaults, PLAINTEXT).
-    kafka_security_protocol: str | None = None  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
-    kafka_sasl_mechanism: str | None = None  # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512
-    kafka_sasl_username: str | None = None
-    kafka_sasl_password: str | None = None  # a secret: prefer KVCAST_KAFKA_SASL_PASSWORD
-    kafka_ssl_cafile: str | None = None
-    kafka_ssl_certfile: str | None = None
-    kafka_ssl_keyfile: str | None = None
+    kafka_security_protocol: str | None = setting(
+        None,
+        "--kafka-security-protocol",
+        Choice(("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")),
+        "Kafka connection security (kafka-python's security_protocol).",
+    )
+    kafka_sasl_mechanism: str | None = setting(
+        None,
+        "--kafka-sasl-mechanism",
+        Choice(("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")),
+        "Kafka SASL mechanism.",
+    )
+    kafka_sasl_username: str | None = setting(
+        None, "--kafka-sasl-username", Text(), "Kafka SASL user."
+    )
+    kafka_sasl_password: str | None = setting(
+        None,
+        "--kafka-sasl-password",
+        Text(),
+        "Kafka SASL password; set it in the environment variable rather than on the command line.",
+    )
+    kafka_ssl_cafile: str | None = setting(
+        None, "--kafka-ssl-cafile", Text(), "CA certificate file for Kafka TLS."
+    )
+    kafka_ssl_certfile: str | None = setting(
+        None, "--kafka-ssl-certfile", Text(), "Client certificate file for Kafka TLS."
+    )
+    kafka_ssl_keyfile: str | None = setting(
+        None, "--kafka-ssl-keyfile", Text(), "Client key file for Kafka TLS."
+    )
     # Engines' Prometheus endpoints (http://HOST:PORT/metrics), scraped every interval.
-    engine_metrics: tuple[str, ...] = ()
-    engine_scrape_interval_s: float = 15.0
+    engine_metrics: tuple[str, ...] = setting(
+        (),
+        "--engine-metrics",
+        Text(),
+        "Engines' Prometheus endpoints, comma-separated (http://HOST:PORT/metrics): their hit "
+        "ratio is exported beside the forecast, and vLLM's capacity and block size are taken when "
+        "--capacity-blocks and --block-size are not given.",
+        separator=",",
+        check=_engine_problem,
+    )
+    engine_scrape_interval_s: float = setting(
+        15.0,
+        "--engine-scrape-interval",
+        _POSITIVE,
+        "Seconds between scrapes of the --engine-metrics endpoints.",
+    )
     # Rejected records' bytes to this Kafka topic (same brokers as the source), or to
     # kafka://HOST:PORT/TOPIC; None: none.
-    dead_letter_topic: str | None = None
+    dead_letter_topic: str | None = setting(
+        None,
+        "--dead-letter-topic",
+        Text(),
+        "Kafka topic for rejected records as they arrived (the source's brokers), or "
+        "kafka://HOST:PORT/TOPIC; committed with their partition.",
+    )
     # Fraction of KV blocks the shadow LRU simulation keeps (kvcast.stats.shadow); 0: off.
-    shadow_sampling: float = DEFAULT_SAMPLING
+    shadow_sampling: float = setting(
+        DEFAULT_SAMPLING,
+        "--shadow-sampling",
+        Number(float, min=0, max=1),
+        "Fraction of KV blocks the shadow LRU simulation keeps (its measured hit-ratio curve"
+        " beside the forecast); 0 turns it off.",
+    )
     stats: StatsConfig = field(default_factory=StatsConfig)
 
     def __post_init__(self) -> None:
         if self.group_id is None:
             object.__setattr__(self, "group_id", default_group_id(self.namespace, self.source))
         problems: list[str] = []
-        if self.source is not None and urlsplit(self.source).scheme not in SOURCE_SCHEMES:
-            problems.append(
-                f"source {self.source!r}: expected kafka://HOST:PORT/TOPIC or file://PATH"
-            )
-        if self.source is not None and self.source.startswith("kafka://"):
-            parts = urlsplit(self.source)
-            if not parts.netloc or not parts.path.strip("/"):
-                problems.append(f"source {self.source!r}: expected kafka://HOST:PORT/TOPIC")
-        try:
-            parse(self.store)
-        except StoreURLError as exc:  # names what is wrong, the password hidden
-            problems.append(str(exc))
-        if not _NAMESPACE.match(self.namespace):
-            problems.append(f"namespace {self.namespace!r}: use 1-64 of A-Z a-z 0-9 _ . -")
-        if not self.group_id:
-            problems.append("group_id must not be empty")
-        if self.partition_assignment not in ("cooperative-sticky", "range"):
-            problems.append(
-                f"partition_assignment {self.partition_assignment!r}: expected "
-                "cooperative-sticky or range"
-            )
-        try:
-            self.http_host_port()
-        except ValueError as exc:
-            problems.append(str(exc))
-        if not 1 <= self.workers <= MAX_WORKERS:
-            problems.append(f"workers must be within 1..{MAX_WORKERS}, got {self.workers}")
-        elif self.workers > 1 and not (
-            (self.source or "").startswith("kafka://") and self.store.startswith("redis")
+        refused: set[str] = set()  # the rules between settings read only values that passed
+        for declaration, declared_setting in declared():
+            value = getattr(self, declaration.name)
+            optional = declaration.default is None
+            found = list(declared_setting.problems(declaration.name, value, optional))
+            if found:
+                refused.add(declaration.name)
+                problems.extend(found)
+        # The rules between settings, which no single declaration can state.
+        if (
+            "workers" not in refused
+            and self.workers > 1
+            and not ((self.source or "").startswith("kafka://") and self.store.startswith("redis"))
         ):
             # Workers share partitions through the consumer group and state through Redis.
             problems.append(
@@ -125,73 +444,31 @@ class DaemonSettings:
                 f" (got source {self.source or 'embedded default'},"
                 f" store {urlsplit(self.store).scheme}://)"
             )
-        for name in ("capacity_blocks", "instances", "commit_max_events", "sample_conversations"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_uncommitted_events < self.commit_max_events:
-            problems.append("max_uncommitted_events must be >= commit_max_events")
-        for name in (
-            "commit_interval_s",
-            "refresh_interval_s",
-            "table_interval_s",
-            "status_interval_s",
-            "shutdown_timeout_s",
-            "max_backoff_s",
-            "speedup",
-            "engine_scrape_interval_s",
+        if not {"max_uncommitted_events", "commit_max_events"} & refused and (
+            self.max_uncommitted_events < self.commit_max_events
         ):
-            if not getattr(self, name) > 0:
-                problems.append(f"{name} must be > 0, got {getattr(self, name)}")
+            problems.append("max_uncommitted_events must be >= commit_max_events")
         if self.dead_letter_topic is not None:
             try:
                 self.dead_letter_target()
             except ValueError as exc:
                 problems.append(str(exc))
-        for url in self.engine_metrics:
-            parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.netloc:
-                problems.append(f"engine_metrics {url!r}: expected http://HOST:PORT/metrics")
-        if self.classifier not in ("off", "auto", "on"):
-            problems.append(f"classifier {self.classifier!r}: expected off, auto or on")
-        if not 0 <= self.shadow_sampling <= 1:
-            problems.append(f"shadow_sampling must be within 0..1, got {self.shadow_sampling}")
-        if not self.classifier_budget_s > 0:
-            problems.append(f"classifier_budget_s must be > 0, got {self.classifier_budget_s}")
-        protocols = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-        if self.kafka_security_protocol not in (None, *protocols):
-            problems.append(
-                f"kafka_security_protocol {self.kafka_security_protocol!r}: expected one of "
-                + ", ".join(protocols)
-            )
-        mechanisms = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
-        if self.kafka_sasl_mechanism not in (None, *mechanisms):
-            problems.append(
-                f"kafka_sasl_mechanism {self.kafka_sasl_mechanism!r}: expected one of "
-                + ", ".join(mechanisms)
-            )
-        if self.taxonomy not in (30, 20, 10):
-            problems.append(f"taxonomy must be 30, 20 or 10 categories, got {self.taxonomy}")
-        else:
+        if "taxonomy" not in refused:
             try:
                 label_map(self.taxonomy, self.extra_intents)
             except ValueError as exc:
                 problems.append(str(exc))
-        try:
-            check_tiers(self.capacity_blocks, self.tiers, self.tier_mode)
-        except ValueError as exc:
-            problems.append(f"tiers: {exc}")
-        for target in self.target_hit_ratios:
-            if not 0 < target < 1:
-                problems.append(f"target hit ratio {target} must be within (0, 1)")
+        if "capacity_blocks" not in refused:
+            try:
+                check_tiers(self.capacity_blocks, self.tiers, self.tier_mode)
+            except ValueError as exc:
+                problems.append(f"tiers: {exc}")
         if problems:
             raise ValueError("; ".join(problems))
 
     def http_host_port(self) -> tuple[str, int]:
         """``metrics_addr`` as (host, port); ValueError naming the problem."""
-        host, sep, port = self.metrics_addr.rpartition(":")
-        if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-            raise ValueError(f"metrics_addr {self.metrics_addr!r}: expected HOST:PORT")
-        return host.strip("[]") or "0.0.0.0", int(port)
+        return host_port(self.metrics_addr)
 
     @property
     def embedded(self) -> bool:
@@ -248,3 +525,11 @@ def default_group_id(namespace: str, source: str | None) -> str:
     """
     topic = urlsplit(source).path.strip("/") if source and source.startswith("kafka://") else ""
     return f"kvcast.{namespace}.{topic}" if topic else f"kvcast.{namespace}"
+
+
+def host_port(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` (an empty host: every interface) as (host, port); ValueError naming it."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"metrics_addr {address!r}: expected HOST:PORT")
+    return host.strip("[]") or "0.0.0.0", int(port)

@@ -5,8 +5,10 @@ the command as it stood before its settings were declared once (issue 35), so th
 the options from the declarations cannot rename, drop or re-default one unnoticed.
 """
 
+# ruff: noqa: E501 (SURFACE_TABLE's rows are read as a table)
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 from typing import Any
 
@@ -17,74 +19,74 @@ from click.testing import CliRunner
 from kvcast.cli.commands.run import run
 from kvcast.cli.main import cli
 
-# (flag, parameter name, environment variable, default); None: no variable / no default.
-SURFACE: tuple[tuple[str, str, str | None, Any], ...] = (
-    ("--config", "config", "KVCAST_CONFIG", None),
-    ("--source", "source", "KVCAST_SOURCE", None),
-    ("--store", "store", "KVCAST_STORE", "memory://"),
-    ("--group-id", "group_id", "KVCAST_GROUP_ID", None),
-    ("--namespace", "namespace", "KVCAST_NAMESPACE", "kvcast"),
-    ("--partition-assignment", "partition_assignment", "KVCAST_PARTITION_ASSIGNMENT",
-     "cooperative-sticky"),  # fmt: skip
-    ("--metrics-addr", "metrics_addr", "KVCAST_METRICS_ADDR", "127.0.0.1:9400"),
-    ("--workers", "workers", "KVCAST_WORKERS", 1),
-    ("--commit-interval", "commit_interval_s", "KVCAST_COMMIT_INTERVAL", 1.0),
-    ("--commit-max-events", "commit_max_events", "KVCAST_COMMIT_MAX_EVENTS", 10000),
-    ("--max-uncommitted-events", "max_uncommitted_events", "KVCAST_MAX_UNCOMMITTED_EVENTS",
-     200000),  # fmt: skip
-    ("--refresh-interval", "refresh_interval_s", "KVCAST_REFRESH_INTERVAL", 5.0),
-    ("--table-interval", "table_interval_s", "KVCAST_TABLE_INTERVAL", 10.0),
-    ("--status-interval", "status_interval_s", "KVCAST_STATUS_INTERVAL", 5.0),
-    ("--max-backoff", "max_backoff_s", "KVCAST_MAX_BACKOFF", 30.0),
-    ("--shutdown-timeout", "shutdown_timeout_s", "KVCAST_SHUTDOWN_TIMEOUT", 10.0),
-    ("--classifier", "classifier", "KVCAST_CLASSIFIER", "auto"),
-    ("--classifier-budget", "classifier_budget_s", "KVCAST_CLASSIFIER_BUDGET", 0.05),
-    ("--classifier-backbone", "classifier_backbone", "KVCAST_CLASSIFIER_BACKBONE", None),
-    ("--classifier-head", "classifier_head", "KVCAST_CLASSIFIER_HEAD", None),
-    ("--taxonomy", "taxonomy", "KVCAST_TAXONOMY", 30),
-    ("--kafka-security-protocol", "kafka_security_protocol", "KVCAST_KAFKA_SECURITY_PROTOCOL",
-     None),  # fmt: skip
-    ("--kafka-sasl-mechanism", "kafka_sasl_mechanism", "KVCAST_KAFKA_SASL_MECHANISM", None),
-    ("--kafka-sasl-username", "kafka_sasl_username", "KVCAST_KAFKA_SASL_USERNAME", None),
-    ("--kafka-sasl-password", "kafka_sasl_password", "KVCAST_KAFKA_SASL_PASSWORD", None),
-    ("--kafka-ssl-cafile", "kafka_ssl_cafile", "KVCAST_KAFKA_SSL_CAFILE", None),
-    ("--kafka-ssl-certfile", "kafka_ssl_certfile", "KVCAST_KAFKA_SSL_CERTFILE", None),
-    ("--kafka-ssl-keyfile", "kafka_ssl_keyfile", "KVCAST_KAFKA_SSL_KEYFILE", None),
-    ("--dead-letter-topic", "dead_letter_topic", "KVCAST_DEAD_LETTER_TOPIC", None),
-    ("--shadow-sampling", "shadow_sampling", "KVCAST_SHADOW_SAMPLING", 0.05),
-    ("--engine-scrape-interval", "engine_scrape_interval_s", "KVCAST_ENGINE_SCRAPE_INTERVAL",
-     15.0),  # fmt: skip
-    ("--speedup", "speedup", "KVCAST_SPEEDUP", 240.0),
-    ("--sample-conversations", "sample_conversations", "KVCAST_SAMPLE_CONVERSATIONS", 20000),
-    ("--block-size", "block_size", "KVCAST_BLOCK_SIZE", 16),
-    ("--completion-timeout", "completion_timeout_s", "KVCAST_COMPLETION_TIMEOUT", 1800.0),
-    ("--allowed-lateness", "allowed_lateness_s", "KVCAST_ALLOWED_LATENESS", 60.0),
-    ("--max-future-skew", "max_future_skew_s", "KVCAST_MAX_FUTURE_SKEW", 3600.0),
-    ("--max-turn", "max_turn", "KVCAST_MAX_TURN", 32),
-    ("--window-conversations", "window_conversations", "KVCAST_WINDOW_CONVERSATIONS", 10000),
-    ("--window-max-age", "window_max_age_s", "KVCAST_WINDOW_MAX_AGE", 86400.0),
-    ("--rate-window", "rate_window_s", "KVCAST_RATE_WINDOW", 600),
-    ("--max-open-conversations", "max_open_conversations", "KVCAST_MAX_OPEN_CONVERSATIONS",
-     1000000),  # fmt: skip
-    ("--min-delay-samples", "min_delay_samples", "KVCAST_MIN_DELAY_SAMPLES", 2),
-    ("--shared-index-blocks", "shared_index_blocks", "KVCAST_SHARED_INDEX_BLOCKS", 1000000),
-    ("--shared-index-dense-tokens", "shared_index_dense_tokens",
-     "KVCAST_SHARED_INDEX_DENSE_TOKENS", 256),  # fmt: skip
-    ("--capacity-blocks", "capacity_blocks", "KVCAST_CAPACITY_BLOCKS", 2275),
-    ("--instances", "instances", "KVCAST_INSTANCES", 1),
-    ("--kv-bytes-per-token", "kv_bytes_per_token", "KVCAST_KV_BYTES_PER_TOKEN", None),
-    ("--tier", "tiers", "KVCAST_TIER", None),
-    ("--tier-mode", "tier_mode", "KVCAST_TIER_MODE", "exclusive"),
-    ("--target-hit-ratio", "target_hit_ratios", None, (0.5, 0.7)),
-    ("--log-level", "log_level", "KVCAST_LOG_LEVEL", "info"),
-    ("--log-format", "log_format", "KVCAST_LOG_FORMAT", "text"),
-    ("--print-config", "print_config", None, None),
-    ("--store-password-file", "store_password_file", "KVCAST_STORE_PASSWORD_FILE", None),
-    ("--kafka-sasl-password-file", "kafka_sasl_password_file", "KVCAST_KAFKA_SASL_PASSWORD_FILE",
-     None),  # fmt: skip
-    ("--taxonomy-file", "taxonomy_file", "KVCAST_TAXONOMY_FILE", None),
-    ("--engine-metrics", "engine_metrics", "KVCAST_ENGINE_METRICS", None),
-    ("--json", "as_json", None, None),
+# One row a flag: the flag, its parameter, its environment variable and its default as Python
+# writes it; "-": none.
+SURFACE_TABLE = """
+--config                    config                      KVCAST_CONFIG                       -
+--source                    source                      KVCAST_SOURCE                       -
+--store                     store                       KVCAST_STORE                        'memory://'
+--group-id                  group_id                    KVCAST_GROUP_ID                     -
+--namespace                 namespace                   KVCAST_NAMESPACE                    'kvcast'
+--partition-assignment      partition_assignment        KVCAST_PARTITION_ASSIGNMENT         'cooperative-sticky'
+--metrics-addr              metrics_addr                KVCAST_METRICS_ADDR                 '127.0.0.1:9400'
+--workers                   workers                     KVCAST_WORKERS                      1
+--commit-interval           commit_interval_s           KVCAST_COMMIT_INTERVAL              1.0
+--commit-max-events         commit_max_events           KVCAST_COMMIT_MAX_EVENTS            10000
+--max-uncommitted-events    max_uncommitted_events      KVCAST_MAX_UNCOMMITTED_EVENTS       200000
+--refresh-interval          refresh_interval_s          KVCAST_REFRESH_INTERVAL             5.0
+--table-interval            table_interval_s            KVCAST_TABLE_INTERVAL               10.0
+--status-interval           status_interval_s           KVCAST_STATUS_INTERVAL              5.0
+--max-backoff               max_backoff_s               KVCAST_MAX_BACKOFF                  30.0
+--shutdown-timeout          shutdown_timeout_s          KVCAST_SHUTDOWN_TIMEOUT             10.0
+--classifier                classifier                  KVCAST_CLASSIFIER                   'auto'
+--classifier-budget         classifier_budget_s         KVCAST_CLASSIFIER_BUDGET            0.05
+--classifier-backbone       classifier_backbone         KVCAST_CLASSIFIER_BACKBONE          -
+--classifier-head           classifier_head             KVCAST_CLASSIFIER_HEAD              -
+--taxonomy                  taxonomy                    KVCAST_TAXONOMY                     30
+--kafka-security-protocol   kafka_security_protocol     KVCAST_KAFKA_SECURITY_PROTOCOL      -
+--kafka-sasl-mechanism      kafka_sasl_mechanism        KVCAST_KAFKA_SASL_MECHANISM         -
+--kafka-sasl-username       kafka_sasl_username         KVCAST_KAFKA_SASL_USERNAME          -
+--kafka-sasl-password       kafka_sasl_password         KVCAST_KAFKA_SASL_PASSWORD          -
+--kafka-ssl-cafile          kafka_ssl_cafile            KVCAST_KAFKA_SSL_CAFILE             -
+--kafka-ssl-certfile        kafka_ssl_certfile          KVCAST_KAFKA_SSL_CERTFILE           -
+--kafka-ssl-keyfile         kafka_ssl_keyfile           KVCAST_KAFKA_SSL_KEYFILE            -
+--dead-letter-topic         dead_letter_topic           KVCAST_DEAD_LETTER_TOPIC            -
+--shadow-sampling           shadow_sampling             KVCAST_SHADOW_SAMPLING              0.05
+--engine-scrape-interval    engine_scrape_interval_s    KVCAST_ENGINE_SCRAPE_INTERVAL       15.0
+--speedup                   speedup                     KVCAST_SPEEDUP                      240.0
+--sample-conversations      sample_conversations        KVCAST_SAMPLE_CONVERSATIONS         20000
+--block-size                block_size                  KVCAST_BLOCK_SIZE                   16
+--completion-timeout        completion_timeout_s        KVCAST_COMPLETION_TIMEOUT           1800.0
+--allowed-lateness          allowed_lateness_s          KVCAST_ALLOWED_LATENESS             60.0
+--max-future-skew           max_future_skew_s           KVCAST_MAX_FUTURE_SKEW              3600.0
+--max-turn                  max_turn                    KVCAST_MAX_TURN                     32
+--window-conversations      window_conversations        KVCAST_WINDOW_CONVERSATIONS         10000
+--window-max-age            window_max_age_s            KVCAST_WINDOW_MAX_AGE               86400.0
+--rate-window               rate_window_s               KVCAST_RATE_WINDOW                  600
+--max-open-conversations    max_open_conversations      KVCAST_MAX_OPEN_CONVERSATIONS       1000000
+--min-delay-samples         min_delay_samples           KVCAST_MIN_DELAY_SAMPLES            2
+--shared-index-blocks       shared_index_blocks         KVCAST_SHARED_INDEX_BLOCKS          1000000
+--shared-index-dense-tokens shared_index_dense_tokens   KVCAST_SHARED_INDEX_DENSE_TOKENS    256
+--capacity-blocks           capacity_blocks             KVCAST_CAPACITY_BLOCKS              2275
+--instances                 instances                   KVCAST_INSTANCES                    1
+--kv-bytes-per-token        kv_bytes_per_token          KVCAST_KV_BYTES_PER_TOKEN           -
+--tier                      tiers                       KVCAST_TIER                         -
+--tier-mode                 tier_mode                   KVCAST_TIER_MODE                    'exclusive'
+--target-hit-ratio          target_hit_ratios           -                                   (0.5, 0.7)
+--log-level                 log_level                   KVCAST_LOG_LEVEL                    'info'
+--log-format                log_format                  KVCAST_LOG_FORMAT                   'text'
+--print-config              print_config                -                                   -
+--store-password-file       store_password_file         KVCAST_STORE_PASSWORD_FILE          -
+--kafka-sasl-password-file  kafka_sasl_password_file    KVCAST_KAFKA_SASL_PASSWORD_FILE     -
+--taxonomy-file             taxonomy_file               KVCAST_TAXONOMY_FILE                -
+--engine-metrics            engine_metrics              KVCAST_ENGINE_METRICS               -
+--json                      as_json                     -                                   -
+"""
+SURFACE = tuple(
+    (flag, name, None if env == "-" else env, None if default == "-" else ast.literal_eval(default))
+    for flag, name, env, default in (
+        row.split(maxsplit=3) for row in SURFACE_TABLE.split("\n")[1:-1]
+    )
 )
 # Not config keys: the file itself and what only changes what the command prints.
 NOT_KEYS = {"config", "print_config", "as_json"}
