@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _script() -> ModuleType:
     spec = importlib.util.spec_from_file_location(
-        "settings_table", ROOT / "scripts" / "settings_table.py"
+        "chart_schema", ROOT / "scripts" / "chart_schema.py"
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -25,7 +25,7 @@ table = _script()
 
 
 def test_the_page_lists_every_setting_as_the_command_declares_it() -> None:
-    assert table.main(["--check"]) == 0, "rerun .venv/bin/python scripts/settings_table.py"
+    assert table.main(["--check"]) == 0, "rerun .venv/bin/python scripts/chart_schema.py"
     page = table.DOC.read_text()
     # spot checks against the command's own words, so the table cannot be empty or shuffled
     assert "| `--commit-interval` | `KVCAST_COMMIT_INTERVAL` | `1.0` | Seconds between" in page
