@@ -306,24 +306,40 @@ def _load_core() -> type | None:
 
 _Core = _load_core()
 
+
+class _NativeChanges:
+    """:class:`SharedTableChanges` of a :class:`NativeSharedPrefixIndex`: the upserts are kept
+    in C and read as a new dict (the same items in the same order as the Python index's)."""
+
+    __slots__ = ("_index", "removals")
+
+    def __init__(self, index: NativeSharedPrefixIndex) -> None:
+        self._index = index
+        self.removals: set[BlockId] = set()
+
+    @property
+    def upserts(self) -> dict[BlockId, float]:
+        return self._index._upserts()
+
+    def clear(self) -> None:
+        self._index._clear_changes()
+
+    def __repr__(self) -> str:
+        return f"SharedTableChanges(upserts={self.upserts!r}, removals={self.removals!r})"
+
+
 if _Core is not None:
 
     class NativeSharedPrefixIndex(_Core):  # type: ignore[misc, valid-type]
         """:class:`PySharedPrefixIndex` in C (``stats/native/_replay.c``, ``SharedIndexCore``):
-        the same methods and results, about 1 us a request instead of 15. Its shared table
-        and ``changes`` are the same Python dict and set, filled in the same order."""
+        the same methods and results. ``shared_table`` and ``changes.upserts`` are new dicts
+        at each read (same items, same order); ``restore`` fills an empty index."""
 
         def __init__(self, capacity: int, timeout_s: float, dense_blocks: int = 10**9) -> None:
             _check(capacity, dense_blocks)
-            self.changes = SharedTableChanges()
+            self.changes = _NativeChanges(self)
             super().__init__(
-                capacity,
-                timeout_s,
-                dense_blocks,
-                SharedRun,
-                NO_SHARING,
-                self.changes.upserts,
-                self.changes.removals,
+                capacity, timeout_s, dense_blocks, SharedRun, NO_SHARING, self.changes.removals
             )
 
     SharedPrefixIndex: type[PySharedPrefixIndex] = NativeSharedPrefixIndex  # type: ignore[assignment]

@@ -2760,14 +2760,19 @@ static PyType_Spec core_spec = {
 /* Shared-prefix index: kvcast.stats.shared_prefix.PySharedPrefixIndex, literally             */
 /*
  * The type SharedIndexCore, subclassed in Python as NativeSharedPrefixIndex (which adds the
- * argument checks and the ``changes`` object).  Every container that a caller reads is the
- * Python one, shared with that caller: the private blocks (block -> session id), the shared
- * table (block -> last reference) and the checkpoint's changes (upserts, removals) are dicts
- * and a set, filled in the order the Python code fills them, so the snapshot, the partition
- * delta and a restore read them unchanged.  What no caller reads is C: the indexed positions
- * (an int64 array instead of an itemgetter per request length) and the expiry heap, ordered by
- * (floor(last + timeout), push count) as the Python heap of tuples is; the push count makes
- * every key distinct, so both heaps pop the same entries in the same order.
+ * argument checks and the ``changes`` object).  The Python index keeps two dicts, the private
+ * blocks (block -> session id) and the shared table (block -> last reference), and the
+ * checkpoint's upserts (a dict) and removals (a set).  Here one table of blocks holds both
+ * dicts, since a block is in one at most (a private block becomes shared only by leaving the
+ * private ones; one is made private only when it is not shared).  Each entry keeps its key
+ * object and Python hash and compares keys as the dicts do (identity, hash, ==; two exact
+ * ints by value).  The dicts' orders, which callers read, are kept as sequence numbers:
+ * ``shared_table`` lists the shared blocks in the order they entered the shared table, and the
+ * upserts, whose value is always the block's shared value, in the order they entered the
+ * upserts since the last clear (a generation count); both are built when read.  Removals stay
+ * a Python set.  The expiry heap is ordered by (floor(last + timeout), push count) as the
+ * Python heap of tuples is; the push count makes every key distinct, so both heaps pop the
+ * same entries in the same order.
  *
  * Times are doubles; the Python code computes them with the same IEEE operations (the tracker
  * hands it float event times).  A floor is kept as a double (exact: every floor of a double
@@ -2780,17 +2785,51 @@ typedef struct {
     PyObject *block;
 } SpEntry;
 
+enum { SP_FREE = 0, SP_PRIVATE = 1, SP_SHARED = 2, SP_BORN = 3 };
+
+typedef struct {
+    PyObject *key;   /* strong */
+    Py_hash_t hash;  /* hash(key) */
+    int64_t ival;         /* as in SpKey: keys compare without reading the key object */
+    Py_ssize_t next_free; /* a free entry: the next free one */
+    PyObject *owner; /* private: the session id (strong) */
+    PyObject *last;  /* shared: the last reference (strong), as the caller gave it */
+    double lastv;
+    uint64_t shared_seq; /* order in the shared table */
+    uint64_t upsert_seq; /* order in the upserts, valid in generation upsert_gen */
+    uint64_t upsert_gen;
+    uint8_t state;
+    uint8_t is_i64;
+} SpBlock;
+
+typedef struct {
+    PyObject *obj;
+    Py_hash_t hash;
+    int64_t ival; /* the value of an exact int that fits */
+    int is_i64;
+} SpKey;
+
+typedef struct {
+    Py_hash_t hash; /* the entry's, so that a probe reads no entry of another hash */
+    Py_ssize_t e;   /* the entry, SP_EMPTY or SP_DELETED */
+} SpSlot;
+
 typedef struct {
     PyObject_HEAD
     Py_ssize_t capacity;
     int64_t dense;
     double timeout;
-    PyObject *owners;     /* private block -> the open conversation's session id */
-    PyObject *shared;     /* shared block -> last reference (s) */
-    PyObject *upserts;    /* changes.upserts */
     PyObject *removals;   /* changes.removals */
     PyObject *run_type;   /* SharedRun */
     PyObject *no_sharing; /* NO_SHARING */
+    /* the table of blocks: entries, a free list through next_free, and an open
+       addressing index of entry numbers (-1 empty, -2 deleted) */
+    SpBlock *blk;
+    Py_ssize_t blk_n, blk_cap, free_head;
+    SpSlot *slots;
+    Py_ssize_t slot_mask, slot_used, slot_deleted;
+    Py_ssize_t n_private, n_shared;
+    uint64_t shared_seq, upsert_seq, upsert_gen;
     SpEntry *heap;
     Py_ssize_t heap_n, heap_cap;
     uint64_t pushed;
@@ -2798,12 +2837,224 @@ typedef struct {
     Py_ssize_t pos_n, pos_cap;
     int64_t pos_next; /* the next position to examine */
     /* scratch, per call */
-    PyObject **lasto; /* the run's last references (strong) */
+    PyObject **lasto; /* the run's last references (borrowed: entries' or the call's) */
     double *lastv;
     PyObject **mine;  /* borrowed from the call's arguments */
-    Py_hash_t *hash;  /* the hashes of the run's blocks */
+    Py_ssize_t *run_blk; /* the run's entries */
     Py_ssize_t scratch_cap;
 } Sp;
+
+#define SP_EMPTY (-1)
+#define SP_DELETED (-2)
+
+static int
+sp_key(PyObject *obj, SpKey *k)
+{
+    k->obj = obj;
+    k->hash = PyObject_Hash(obj);
+    if (k->hash == -1) {
+        return -1;
+    }
+    k->is_i64 = 0;
+    if (PyLong_CheckExact(obj)) {
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+        if (v == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+        if (!overflow) {
+            k->ival = v;
+            k->is_i64 = 1;
+        }
+    }
+    return 0;
+}
+
+/* a == b for block ids.  Two exact ints compare by their digits where the int layout is
+   known (CPython before 3.12: normalised, so equal values have equal sizes and digits),
+   without a rich comparison's dispatch; anything else compares with ==. */
+static inline int
+sp_eq(PyObject *a, PyObject *b)
+{
+    if (a == b) {
+        return 1;
+    }
+#if PY_VERSION_HEX < 0x030C0000 && !defined(Py_LIMITED_API)
+    if (PyLong_CheckExact(a) && PyLong_CheckExact(b)) {
+        Py_ssize_t size = Py_SIZE(a);
+        if (size != Py_SIZE(b)) {
+            return 0;
+        }
+        Py_ssize_t digits = size < 0 ? -size : size;
+        const digit *x = ((PyLongObject *)a)->ob_digit, *y = ((PyLongObject *)b)->ob_digit;
+        for (Py_ssize_t i = 0; i < digits; i++) {
+            if (x[i] != y[i]) {
+                return 0;
+            }
+        }
+        return 1;
+    }
+#endif
+    return PyObject_RichCompareBool(a, b, Py_EQ);
+}
+
+/* The dict's key equality: the same object, or equal hashes and ==. */
+static inline int
+sp_key_eq(const SpBlock *e, const SpKey *k)
+{
+    if (e->key == k->obj) {
+        return 1;
+    }
+    if (e->hash != k->hash) {
+        return 0;
+    }
+    if (e->is_i64 && k->is_i64) { /* two exact ints: equal iff their values are */
+        return e->ival == k->ival;
+    }
+    return sp_eq(e->key, k->obj);
+}
+
+/* The entry of `k` (-1: none; -2: an error is set); *slot_out: its index slot. */
+static Py_ssize_t
+sp_find(Sp *self, const SpKey *k, Py_ssize_t *slot_out)
+{
+    if (self->slots == NULL) {
+        return -1;
+    }
+    size_t mask = (size_t)self->slot_mask, i = (size_t)k->hash & mask, perturb = (size_t)k->hash;
+    for (;;) {
+        Py_ssize_t e = self->slots[i].e;
+        if (e == SP_EMPTY) {
+            return -1;
+        }
+        if (e >= 0 && self->slots[i].hash == k->hash) {
+            int eq = sp_key_eq(&self->blk[e], k);
+            if (eq < 0) {
+                return -2;
+            }
+            if (eq) {
+                if (slot_out != NULL) {
+                    *slot_out = (Py_ssize_t)i;
+                }
+                return e;
+            }
+        }
+        perturb >>= 5;
+        i = (i * 5 + perturb + 1) & mask;
+    }
+}
+
+static int
+sp_rehash(Sp *self, Py_ssize_t need)
+{
+    Py_ssize_t size = 8;
+    while (size * 2 < need * 3) {
+        size *= 2;
+    }
+    SpSlot *slots = malloc((size_t)size * sizeof(SpSlot));
+    if (slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < size; i++) {
+        slots[i].e = SP_EMPTY;
+    }
+    size_t mask = (size_t)size - 1;
+    for (Py_ssize_t e = 0; e < self->blk_n; e++) {
+        if (self->blk[e].state == SP_FREE) {
+            continue;
+        }
+        size_t h = (size_t)self->blk[e].hash, i = h & mask, perturb = h;
+        while (slots[i].e != SP_EMPTY) {
+            perturb >>= 5;
+            i = (i * 5 + perturb + 1) & mask;
+        }
+        slots[i] = (SpSlot){(Py_hash_t)h, e};
+    }
+    free(self->slots);
+    self->slots = slots;
+    self->slot_mask = size - 1;
+    self->slot_deleted = 0;
+    return 0;
+}
+
+/* A new entry for `k` (not in the table) in `state`; returns its number (-1: error). */
+static Py_ssize_t
+sp_insert(Sp *self, const SpKey *k, int state)
+{
+    Py_ssize_t live = self->n_private + self->n_shared;
+    if (self->slots == NULL || (self->slot_used + self->slot_deleted + 1) * 3 > (self->slot_mask + 1) * 2) {
+        if (sp_rehash(self, 2 * (live + 1)) < 0) {
+            return -1;
+        }
+    }
+    Py_ssize_t e;
+    if (self->free_head >= 0) {
+        e = self->free_head;
+        self->free_head = self->blk[e].next_free;
+    } else {
+        if (self->blk_n == self->blk_cap && GROW(self->blk, self->blk_cap, self->blk_n + 1) < 0) {
+            return -1;
+        }
+        e = self->blk_n++;
+    }
+    SpBlock *b = &self->blk[e];
+    memset(b, 0, sizeof(*b));
+    b->key = Py_NewRef(k->obj);
+    b->hash = k->hash;
+    b->ival = k->ival;
+    b->is_i64 = (uint8_t)k->is_i64;
+    b->state = (uint8_t)state;
+    size_t mask = (size_t)self->slot_mask, i = (size_t)k->hash & mask, perturb = (size_t)k->hash;
+    while (self->slots[i].e >= 0) {
+        perturb >>= 5;
+        i = (i * 5 + perturb + 1) & mask;
+    }
+    if (self->slots[i].e == SP_DELETED) {
+        self->slot_deleted--;
+    }
+    self->slots[i] = (SpSlot){k->hash, e};
+    self->slot_used++;
+    return e;
+}
+
+/* Take entry e (at index slot `slot`) out of the table. */
+static void
+sp_remove(Sp *self, Py_ssize_t e, Py_ssize_t slot)
+{
+    SpBlock *b = &self->blk[e];
+    if (b->state == SP_PRIVATE) {
+        self->n_private--;
+    } else {
+        self->n_shared--;
+    }
+    PyObject *key = b->key, *owner = b->owner, *last = b->last;
+    b->key = b->owner = b->last = NULL;
+    b->state = SP_FREE;
+    b->next_free = self->free_head;
+    self->free_head = e;
+    self->slots[slot].e = SP_DELETED;
+    self->slot_used--;
+    self->slot_deleted++;
+    Py_XDECREF(key);
+    Py_XDECREF(owner);
+    Py_XDECREF(last);
+}
+
+/* Set entry e's shared value (a reference the entry takes) and, where it was not, make it an
+   upsert of this generation. */
+static inline void
+sp_set_shared(Sp *self, SpBlock *b, PyObject *value, double v)
+{
+    PyObject *old = b->last;
+    b->last = Py_NewRef(value);
+    b->lastv = v;
+    Py_XDECREF(old);
+    if (b->upsert_gen != self->upsert_gen || b->upsert_seq == 0) {
+        b->upsert_gen = self->upsert_gen;
+        b->upsert_seq = ++self->upsert_seq;
+    }
+}
 
 static inline int
 sp_entry_lt(const SpEntry *a, const SpEntry *b)
@@ -2936,56 +3187,54 @@ sp_scratch(Sp *self, Py_ssize_t need)
     }
     Py_ssize_t cap = need > 2 * self->scratch_cap ? need : 2 * self->scratch_cap;
     PyObject **lo = PyMem_Realloc(self->lasto, (size_t)cap * sizeof(PyObject *));
-    if (lo == NULL) {
+    if (lo != NULL) {
+        self->lasto = lo;
+    }
+    double *lv = lo != NULL ? PyMem_Realloc(self->lastv, (size_t)cap * sizeof(double)) : NULL;
+    if (lv != NULL) {
+        self->lastv = lv;
+    }
+    PyObject **mi = lv != NULL ? PyMem_Realloc(self->mine, (size_t)cap * sizeof(PyObject *)) : NULL;
+    if (mi != NULL) {
+        self->mine = mi;
+    }
+    Py_ssize_t *rb = mi != NULL ? PyMem_Realloc(self->run_blk, (size_t)cap * sizeof(Py_ssize_t)) : NULL;
+    if (rb == NULL) {
         PyErr_NoMemory();
         return -1;
     }
-    self->lasto = lo;
-    double *lv = PyMem_Realloc(self->lastv, (size_t)cap * sizeof(double));
-    if (lv == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    self->lastv = lv;
-    PyObject **mi = PyMem_Realloc(self->mine, (size_t)cap * sizeof(PyObject *));
-    if (mi == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    self->mine = mi;
-    Py_hash_t *hs = PyMem_Realloc(self->hash, (size_t)cap * sizeof(Py_hash_t));
-    if (hs == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    self->hash = hs;
+    self->run_blk = rb;
     self->scratch_cap = cap;
     return 0;
 }
 
-/* owner == session_id, as Python's == (None never equals a session id). */
+/* owner == session_id, as Python's == */
 static inline int
 sp_same_owner(PyObject *owner, PyObject *session)
 {
-    if (owner == NULL || owner == Py_None) {
-        return 0;
-    }
     return owner == session ? 1 : PyObject_RichCompareBool(owner, session, Py_EQ);
 }
 
-/* Dict operations with the key's hash computed once per block and call (an int's hash is
-   not cached; a block is looked up in up to four dicts).  The same dicts, the same results. */
-#if PY_VERSION_HEX >= 0x030D0000 || defined(Py_LIMITED_API)
-#define SP_GET(d, k, h) PyDict_GetItemWithError((d), (k))
-#define SP_SET(d, k, v, h) PyDict_SetItem((d), (k), (v))
-#define SP_DEL(d, k, h) PyDict_DelItem((d), (k))
-#define SP_HAS(d, k, h) PyDict_Contains((d), (k))
-#else
-#define SP_GET(d, k, h) _PyDict_GetItem_KnownHash((d), (k), (h))
-#define SP_SET(d, k, v, h) _PyDict_SetItem_KnownHash((d), (k), (v), (h))
-#define SP_DEL(d, k, h) _PyDict_DelItem_KnownHash((d), (k), (h))
-#define SP_HAS(d, k, h) _PyDict_Contains_KnownHash((d), (k), (h))
-#endif
+/* Whether entry e is private to `session` (-1: error). */
+static inline int
+sp_owned_by(const Sp *self, Py_ssize_t e, PyObject *session)
+{
+    const SpBlock *b = &self->blk[e];
+    return b->state == SP_PRIVATE ? sp_same_owner(b->owner, session) : 0;
+}
+
+/* The index slot that holds entry e (which is in the table); no key comparisons. */
+static Py_ssize_t
+sp_slot_of(const Sp *self, Py_ssize_t e)
+{
+    size_t mask = (size_t)self->slot_mask, h = (size_t)self->blk[e].hash, i = h & mask,
+           perturb = h;
+    while (self->slots[i].e != e) {
+        perturb >>= 5;
+        i = (i * 5 + perturb + 1) & mask;
+    }
+    return (Py_ssize_t)i;
+}
 
 typedef struct {
     double gap;
@@ -3169,82 +3418,79 @@ sp_observe(Sp *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
     PyObject **items = PySequence_Fast_ITEMS(hashes);
     const int64_t *pos = self->pos;
     PyObject *result = NULL, *run = NULL, *kept_set = NULL;
-    Py_ssize_t count = 0;
+    Py_ssize_t count = 0, set_done = 0;
     int64_t born = 0;
-    /* The leading indexed ids that are shared, or held by another open conversation (which
-       makes them shared now). */
+    SpKey k;
+    /* The leading indexed ids that are shared, or private to another open conversation (which
+       makes them shared now).  A block that became shared in this loop is not yet in the
+       shared table: seen again further on, it ends the run as in Python (BORN). */
     while (count < npos) {
         PyObject *block = items[pos[count]];
-        Py_hash_t h = PyObject_Hash(block);
-        if (h == -1) {
+        if (sp_key(block, &k) < 0) {
             goto done;
         }
-        self->hash[count] = h;
-        PyObject *v = SP_GET(self->shared, block, h);
-        if (v != NULL) {
-            double d = PyFloat_AsDouble(v);
-            if (d == -1.0 && PyErr_Occurred()) {
-                goto done;
-            }
-            self->lasto[count] = Py_NewRef(v);
-            self->lastv[count++] = d;
-            continue;
-        }
-        if (PyErr_Occurred()) {
+        Py_ssize_t e = sp_find(self, &k, NULL);
+        if (e == -2) {
             goto done;
         }
-        PyObject *owner = SP_GET(self->owners, block, h);
-        if (owner == NULL) {
-            if (PyErr_Occurred()) {
-                goto done;
-            }
+        if (e < 0 || self->blk[e].state == SP_BORN) {
             break;
         }
-        int same = sp_same_owner(owner, session);
+        SpBlock *b = &self->blk[e];
+        if (b->state == SP_SHARED) {
+            self->lasto[count] = Py_NewRef(b->last);
+            self->lastv[count] = b->lastv;
+            self->run_blk[count++] = e;
+            continue;
+        }
+        int same = sp_same_owner(b->owner, session);
         if (same != 0) {
             if (same < 0) {
                 goto done;
             }
             break;
         }
-        Py_INCREF(owner);
-        if (SP_DEL(self->owners, block, h) < 0) {
-            Py_DECREF(owner);
-            goto done;
-        }
+        PyObject *owner = b->owner; /* the reference passes to this call */
+        b->owner = NULL;
+        b->state = SP_BORN;
+        self->n_private--;
+        self->run_blk[count] = e;
+        self->lasto[count++] = NULL;
         born++;
         PyObject *last = PyObject_CallOneArg(last_seen, owner);
         Py_DECREF(owner);
         if (last == NULL) {
             goto done;
         }
+        self->lasto[count - 1] = last;
         double d = PyFloat_AsDouble(last);
+        self->lastv[count - 1] = d;
         if ((d == -1.0 && PyErr_Occurred()) || sp_schedule(self, block, ts > d ? ts : d) < 0) {
-            Py_DECREF(last);
             goto done;
         }
-        self->lasto[count] = last;
-        self->lastv[count++] = d;
     }
     if (count) {
         Py_ssize_t newest_k = 0; /* max(lasts): the first of the largest */
-        for (Py_ssize_t k = 1; k < count; k++) {
-            if (self->lastv[k] > self->lastv[newest_k]) {
-                newest_k = k;
+        for (Py_ssize_t i = 1; i < count; i++) {
+            if (self->lastv[i] > self->lastv[newest_k]) {
+                newest_k = i;
             }
         }
         int in_order = ts >= self->lastv[newest_k];
-        for (Py_ssize_t k = 0; k < count; k++) {
+        for (Py_ssize_t i = 0; i < count; i++) {
             /* in order: every block's last reference is now; a late event leaves the later
                references standing (max(t, timestamp)) */
-            PyObject *now = in_order || ts > self->lastv[k] ? ts_obj : self->lasto[k];
-            PyObject *block = items[pos[k]];
-            if (SP_SET(self->shared, block, now, self->hash[k]) < 0 ||
-                SP_SET(self->upserts, block, now, self->hash[k]) < 0) {
-                goto done;
+            SpBlock *b = &self->blk[self->run_blk[i]];
+            int now = in_order || ts > self->lastv[i];
+            if (b->state == SP_BORN) { /* it enters the shared table, in the run's order */
+                b->state = SP_SHARED;
+                b->shared_seq = ++self->shared_seq;
+                self->n_shared++;
             }
+            sp_set_shared(self, b, now ? ts_obj : self->lasto[i], now ? ts : self->lastv[i]);
         }
     }
+    set_done = 1;
     run = sp_run(self, ts, count, npos, n, born);
     if (run == NULL) {
         goto done;
@@ -3259,66 +3505,63 @@ sp_observe(Sp *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
     Py_ssize_t nheld = PyTuple_GET_SIZE(held);
     Py_ssize_t same = nheld - 1, nmine = 0, rest = npos - count;
     int repeats = same > 0 && rest >= same;
-    for (Py_ssize_t k = 0; repeats && k < same; k++) {
-        PyObject *a = items[pos[count + k]], *b = PyTuple_GET_ITEM(held, k);
-        int eq = a == b ? 1 : PyObject_RichCompareBool(a, b, Py_EQ);
+    for (Py_ssize_t i = 0; repeats && i < same; i++) {
+        int eq = sp_eq(items[pos[count + i]], PyTuple_GET_ITEM(held, i));
         if (eq < 0) {
             goto done;
         }
         repeats = eq;
     }
     if (repeats) {
-        for (Py_ssize_t k = 0; k < same; k++) {
-            self->mine[nmine++] = PyTuple_GET_ITEM(held, k);
+        for (Py_ssize_t i = 0; i < same; i++) {
+            self->mine[nmine++] = PyTuple_GET_ITEM(held, i);
         }
     } else {
         same = 0;
     }
-    Py_ssize_t room = self->capacity - (PyDict_GET_SIZE(self->owners) + PyDict_GET_SIZE(self->shared));
-    for (Py_ssize_t k = count + same; k < npos; k++) {
-        PyObject *block = items[pos[k]];
-        Py_hash_t h = PyObject_Hash(block);
-        if (h == -1) {
+    Py_ssize_t room = self->capacity - (self->n_private + self->n_shared);
+    for (Py_ssize_t i = count + same; i < npos; i++) {
+        PyObject *block = items[pos[i]];
+        if (sp_key(block, &k) < 0) {
             goto done;
         }
-        PyObject *owner = SP_GET(self->owners, block, h);
-        if (owner == NULL && PyErr_Occurred()) {
+        Py_ssize_t e = sp_find(self, &k, NULL);
+        if (e == -2) {
             goto done;
         }
-        int mine = sp_same_owner(owner, session);
-        if (mine < 0) {
-            goto done;
-        }
-        if (mine) {
-            self->mine[nmine++] = block;
-        } else if (owner == NULL && room > 0) {
-            int in_shared = SP_HAS(self->shared, block, h);
-            if (in_shared < 0) {
+        if (e >= 0) {
+            int mine = sp_owned_by(self, e, session);
+            if (mine < 0) {
                 goto done;
             }
-            if (!in_shared) {
-                if (SP_SET(self->owners, block, session, h) < 0) {
-                    goto done;
-                }
+            if (mine) {
                 self->mine[nmine++] = block;
-                room--;
             }
+        } else if (room > 0) { /* neither private nor shared: this conversation's now */
+            e = sp_insert(self, &k, SP_PRIVATE);
+            if (e < 0) {
+                goto done;
+            }
+            self->blk[e].owner = Py_NewRef(session);
+            self->n_private++;
+            self->mine[nmine++] = block;
+            room--;
         }
     }
-    /* dropped = held[same:]: those this conversation owned leave, unless still among its
+    /* dropped = held[same:]: those private to this conversation leave, unless still among its
        blocks (set(mine) membership; block ids are ints and strs, where == is the set's
        equality) */
     for (Py_ssize_t d = same; d < nheld; d++) {
         PyObject *block = PyTuple_GET_ITEM(held, d);
-        Py_hash_t h = PyObject_Hash(block);
-        if (h == -1) {
+        Py_ssize_t slot;
+        if (sp_key(block, &k) < 0) {
             goto done;
         }
-        PyObject *owner = SP_GET(self->owners, block, h);
-        if (owner == NULL && PyErr_Occurred()) {
+        Py_ssize_t e = sp_find(self, &k, &slot);
+        if (e == -2) {
             goto done;
         }
-        int ours = sp_same_owner(owner, session);
+        int ours = e >= 0 ? sp_owned_by(self, e, session) : 0;
         if (ours < 0) {
             goto done;
         }
@@ -3341,22 +3584,21 @@ sp_observe(Sp *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
             kept = PySet_Contains(kept_set, block);
         }
         for (Py_ssize_t m = nmine - 1; kept_set == NULL && m >= 0 && !kept; m--) {
-            PyObject *b = self->mine[m];
-            kept = b == block ? 1 : PyObject_RichCompareBool(b, block, Py_EQ);
+            kept = sp_eq(self->mine[m], block);
         }
         if (kept < 0) {
             goto done;
         }
-        if (!kept && SP_DEL(self->owners, block, h) < 0) {
-            goto done;
+        if (!kept) {
+            sp_remove(self, e, slot);
         }
     }
     PyObject *mine_t = PyTuple_New(nmine);
     if (mine_t == NULL) {
         goto done;
     }
-    for (Py_ssize_t k = 0; k < nmine; k++) {
-        PyTuple_SET_ITEM(mine_t, k, Py_NewRef(self->mine[k]));
+    for (Py_ssize_t i = 0; i < nmine; i++) {
+        PyTuple_SET_ITEM(mine_t, i, Py_NewRef(self->mine[i]));
     }
     result = PyTuple_New(2);
     if (result == NULL) {
@@ -3367,11 +3609,22 @@ sp_observe(Sp *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
     PyTuple_SET_ITEM(result, 1, mine_t);
     run = NULL;
 done:
+    if (!set_done) { /* an error in the first loop: its new shared blocks leave, as in Python
+                        (out of the private ones, not yet in the shared table) */
+        for (Py_ssize_t i = 0; i < count; i++) {
+            Py_ssize_t e = self->run_blk[i];
+            if (self->blk[e].state == SP_BORN) {
+                self->n_private++; /* sp_remove counts it as private */
+                self->blk[e].state = SP_PRIVATE;
+                sp_remove(self, e, sp_slot_of(self, e));
+            }
+        }
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_XDECREF(self->lasto[i]);
+    }
     Py_XDECREF(run);
     Py_XDECREF(kept_set);
-    for (Py_ssize_t k = 0; k < count; k++) {
-        Py_DECREF(self->lasto[k]);
-    }
     return result;
 }
 
@@ -3399,8 +3652,7 @@ sp_continues(Sp *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject **items = PySequence_Fast_ITEMS(hashes);
     PyObject *first = PyTuple_GET_ITEM(held, 0);
     for (Py_ssize_t k = 0; k < npos; k++) { /* the usual case, within the first few ids */
-        PyObject *b = items[self->pos[k]];
-        int eq = b == first ? 1 : PyObject_RichCompareBool(b, first, Py_EQ);
+        int eq = sp_eq(items[self->pos[k]], first);
         if (eq != 0) {
             return eq < 0 ? NULL : Py_NewRef(Py_True);
         }
@@ -3422,7 +3674,7 @@ sp_continues(Sp *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_FALSE;
 }
 
-/* Drop each block of `blocks` that `session` owns (release, and observe's dropped ids). */
+/* release(session_id, held): a conversation completed, its private blocks leave. */
 static PyObject *
 sp_release(Sp *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -3436,18 +3688,22 @@ sp_release(Sp *self, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
-    for (Py_ssize_t k = 0; k < n; k++) {
-        Py_hash_t h = PyObject_Hash(items[k]);
-        if (h == -1) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        SpKey k;
+        Py_ssize_t slot;
+        if (sp_key(items[i], &k) < 0) {
             goto fail;
         }
-        PyObject *owner = SP_GET(self->owners, items[k], h);
-        if (owner == NULL && PyErr_Occurred()) {
+        Py_ssize_t e = sp_find(self, &k, &slot);
+        if (e == -2) {
             goto fail;
         }
-        int ours = sp_same_owner(owner, args[0]);
-        if (ours < 0 || (ours && SP_DEL(self->owners, items[k], h) < 0)) {
+        int ours = e >= 0 ? sp_owned_by(self, e, args[0]) : 0;
+        if (ours < 0) {
             goto fail;
+        }
+        if (ours) {
+            sp_remove(self, e, slot);
         }
     }
     Py_DECREF(seq);
@@ -3467,30 +3723,27 @@ sp_expire(Sp *self, PyObject *arg)
     }
     while (self->heap_n && sp_due(self->heap[0].second, w)) {
         PyObject *block = sp_pop(self);
-        PyObject *last = PyDict_GetItemWithError(self->shared, block);
-        if (last == NULL) {
+        SpKey k;
+        Py_ssize_t slot, e;
+        if (sp_key(block, &k) < 0 || (e = sp_find(self, &k, &slot)) == -2) {
             Py_DECREF(block);
-            if (PyErr_Occurred()) {
-                return NULL;
-            }
+            return NULL;
+        }
+        if (e < 0 || self->blk[e].state != SP_SHARED) {
+            Py_DECREF(block);
             continue;
         }
-        double d = PyFloat_AsDouble(last), second;
-        if ((d == -1.0 && PyErr_Occurred()) || sp_floor(d + self->timeout, &second) < 0) {
+        double second;
+        if (sp_floor(self->blk[e].lastv + self->timeout, &second) < 0) {
             Py_DECREF(block);
             return NULL;
         }
         int err;
-        if (sp_due(second, w)) {
-            err = PyDict_DelItem(self->shared, block) < 0;
-            if (!err) {
-                PyObject *gone = PyObject_CallMethod(self->upserts, "pop", "OO", block, Py_None);
-                err = gone == NULL;
-                Py_XDECREF(gone);
-            }
-            err = err || PySet_Add(self->removals, block) < 0;
+        if (sp_due(second, w)) { /* out of the shared table and the upserts; a removal */
+            sp_remove(self, e, slot);
+            err = PySet_Add(self->removals, block) < 0;
         } else { /* referenced since it was scheduled: one entry per block, at its deadline */
-            err = sp_schedule(self, block, d) < 0;
+            err = sp_schedule(self, block, self->blk[e].lastv) < 0;
         }
         Py_DECREF(block);
         if (err) {
@@ -3500,7 +3753,8 @@ sp_expire(Sp *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-/* restore(shared, held): the shared table, then each open conversation's held ids. */
+/* restore(shared, held): into an empty index, the shared table, then each open
+   conversation's held ids. */
 static PyObject *
 sp_restore(Sp *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -3508,19 +3762,38 @@ sp_restore(Sp *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "restore(shared, held)");
         return NULL;
     }
+    if (self->n_private + self->n_shared) {
+        PyErr_SetString(PyExc_ValueError, "restore() fills an empty index");
+        return NULL;
+    }
     PyObject *items = PyMapping_Items(args[0]);
     if (items == NULL) {
         return NULL;
     }
-    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(items); k++) {
-        PyObject *kv = PyList_GET_ITEM(items, k);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
+        PyObject *kv = PyList_GET_ITEM(items, i);
         PyObject *block = PyTuple_GET_ITEM(kv, 0), *last = PyTuple_GET_ITEM(kv, 1);
+        SpKey k;
         double d = PyFloat_AsDouble(last);
-        if ((d == -1.0 && PyErr_Occurred()) || PyDict_SetItem(self->shared, block, last) < 0 ||
-            sp_schedule(self, block, d) < 0) {
+        Py_ssize_t e = -2;
+        if ((d != -1.0 || !PyErr_Occurred()) && sp_key(block, &k) == 0) {
+            e = sp_find(self, &k, NULL);
+            if (e == -1) {
+                e = sp_insert(self, &k, SP_SHARED);
+                if (e >= 0) {
+                    self->blk[e].shared_seq = ++self->shared_seq;
+                    self->n_shared++;
+                }
+            }
+        }
+        if (e < 0 || sp_schedule(self, block, d) < 0) {
             Py_DECREF(items);
             return NULL;
         }
+        PyObject *old = self->blk[e].last; /* shared[block] = last: not an upsert */
+        self->blk[e].last = Py_NewRef(last);
+        self->blk[e].lastv = d;
+        Py_XDECREF(old);
     }
     Py_DECREF(items);
     PyObject *it = PyObject_GetIter(args[1]), *entry;
@@ -3536,12 +3809,27 @@ sp_restore(Sp *self, PyObject *const *args, Py_ssize_t nargs)
         if (seq == NULL) {
             goto fail;
         }
-        for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(seq); k++) {
-            PyObject *block = PySequence_Fast_GET_ITEM(seq, k);
-            int in = PyDict_Contains(self->shared, block);
-            if (in < 0 || (!in && PyDict_SetItem(self->owners, block, session) < 0)) {
+        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+            SpKey k;
+            Py_ssize_t e = -2;
+            if (sp_key(PySequence_Fast_GET_ITEM(seq, i), &k) == 0) {
+                e = sp_find(self, &k, NULL);
+                if (e == -1) {
+                    e = sp_insert(self, &k, SP_PRIVATE);
+                    if (e >= 0) {
+                        self->n_private++;
+                    }
+                }
+            }
+            if (e < 0) {
                 Py_DECREF(seq);
                 goto fail;
+            }
+            SpBlock *b = &self->blk[e];
+            if (b->state == SP_PRIVATE) { /* owners[block] = session_id (the last one wins) */
+                PyObject *old = b->owner;
+                b->owner = Py_NewRef(session);
+                Py_XDECREF(old);
             }
         }
         Py_DECREF(seq);
@@ -3556,13 +3844,6 @@ fail:
     Py_DECREF(entry);
     Py_DECREF(it);
     return NULL;
-}
-
-static PyObject *
-sp_clear_owners(Sp *self, PyObject *Py_UNUSED(ignored))
-{
-    PyDict_Clear(self->owners);
-    Py_RETURN_NONE;
 }
 
 static PyObject *
@@ -3609,10 +3890,90 @@ sp_get_next_due(Sp *self, void *Py_UNUSED(c))
     return due;
 }
 
+/* clear(): the end of a finite input, every private block leaves. */
+static PyObject *
+sp_clear_private(Sp *self, PyObject *Py_UNUSED(ignored))
+{
+    for (Py_ssize_t e = 0; e < self->blk_n; e++) {
+        if (self->blk[e].state == SP_PRIVATE) {
+            sp_remove(self, e, sp_slot_of(self, e));
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+typedef struct {
+    uint64_t seq;
+    Py_ssize_t e;
+} SpOrder;
+
+static int
+sp_order_cmp(const void *a, const void *b)
+{
+    uint64_t x = ((const SpOrder *)a)->seq, y = ((const SpOrder *)b)->seq;
+    return (x > y) - (x < y);
+}
+
+/* A dict of the shared blocks (upserts: those upserted in this generation) -> their last
+   reference, in the order the Python dict has them. */
+static PyObject *
+sp_table_dict(Sp *self, int upserts)
+{
+    SpOrder *order = malloc((size_t)(self->n_shared + 1) * sizeof(SpOrder));
+    if (order == NULL) {
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t n = 0;
+    for (Py_ssize_t e = 0; e < self->blk_n; e++) {
+        const SpBlock *b = &self->blk[e];
+        if (b->state != SP_SHARED) {
+            continue;
+        }
+        if (!upserts) {
+            order[n++] = (SpOrder){b->shared_seq, e};
+        } else if (b->upsert_gen == self->upsert_gen && b->upsert_seq) {
+            order[n++] = (SpOrder){b->upsert_seq, e};
+        }
+    }
+    qsort(order, (size_t)n, sizeof(SpOrder), sp_order_cmp);
+    PyObject *out = PyDict_New();
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        const SpBlock *b = &self->blk[order[i].e];
+        if (PyDict_SetItem(out, b->key, b->last) < 0) {
+            Py_CLEAR(out);
+        }
+    }
+    free(order);
+    return out;
+}
+
 static PyObject *
 sp_get_shared(Sp *self, void *Py_UNUSED(c))
 {
-    return Py_NewRef(self->shared);
+    return sp_table_dict(self, 0);
+}
+
+static PyObject *
+sp_upserts(Sp *self, PyObject *Py_UNUSED(ignored))
+{
+    return sp_table_dict(self, 1);
+}
+
+/* The checkpoint took the changes: no upserts, no removals. */
+static PyObject *
+sp_clear_changes(Sp *self, PyObject *Py_UNUSED(ignored))
+{
+    self->upsert_gen++;
+    if (PySet_Clear(self->removals) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+sp_private_count(Sp *self, PyObject *Py_UNUSED(ignored))
+{
+    return PyLong_FromSsize_t(self->n_private);
 }
 
 static PyObject *
@@ -3624,22 +3985,21 @@ sp_get_timeout(Sp *self, void *Py_UNUSED(c))
 static Py_ssize_t
 sp_len(Sp *self)
 {
-    return PyDict_GET_SIZE(self->owners) + PyDict_GET_SIZE(self->shared);
+    return self->n_private + self->n_shared;
 }
 
-/* SharedIndexCore(capacity, timeout_s, dense_blocks, run_type, no_sharing, upserts, removals) */
+/* SharedIndexCore(capacity, timeout_s, dense_blocks, run_type, no_sharing, removals) */
 static int
 sp_init(Sp *self, PyObject *args, PyObject *kwds)
 {
     static char *names[] = {"capacity", "timeout_s", "dense_blocks", "run_type", "no_sharing",
-                            "upserts", "removals", NULL};
+                            "removals", NULL};
     Py_ssize_t capacity;
     long long dense;
     double timeout;
-    PyObject *run_type, *no_sharing, *upserts, *removals;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ndLOOO!O!", names, &capacity, &timeout, &dense,
-                                     &run_type, &no_sharing, &PyDict_Type, &upserts, &PySet_Type,
-                                     &removals)) {
+    PyObject *run_type, *no_sharing, *removals;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ndLOOO!", names, &capacity, &timeout, &dense,
+                                     &run_type, &no_sharing, &PySet_Type, &removals)) {
         return -1;
     }
     if (capacity < 0 || dense < 1 || dense > ((int64_t)1 << 61)) {
@@ -3650,30 +4010,26 @@ sp_init(Sp *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_TypeError, "run_type must be a tuple subclass (SharedRun)");
         return -1;
     }
-    if (self->owners != NULL) {
+    if (self->run_type != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "SharedIndexCore is initialised once");
         return -1;
     }
     self->capacity = capacity;
     self->timeout = timeout;
     self->dense = dense;
-    self->owners = PyDict_New();
-    self->shared = PyDict_New();
-    if (self->owners == NULL || self->shared == NULL) {
-        return -1;
-    }
-    self->upserts = Py_NewRef(upserts);
+    self->free_head = -1;
+    self->upsert_gen = 1;
     self->removals = Py_NewRef(removals);
     self->run_type = Py_NewRef(run_type);
     self->no_sharing = Py_NewRef(no_sharing);
     return 0;
 }
 
-static const size_t sp_refs[] = {offsetof(Sp, owners),   offsetof(Sp, shared),
-                                 offsetof(Sp, upserts),  offsetof(Sp, removals),
-                                 offsetof(Sp, run_type), offsetof(Sp, no_sharing)};
+static const size_t sp_refs[] = {offsetof(Sp, removals), offsetof(Sp, run_type),
+                                 offsetof(Sp, no_sharing)};
 
-/* The heap's blocks are not visited: block ids are ints and strs, which hold no references. */
+/* The table's keys, session ids and times and the heap's blocks are not visited: ints, strs
+   and floats, which hold no references. */
 static int
 sp_traverse(Sp *self, visitproc visit, void *arg)
 {
@@ -3694,15 +4050,22 @@ sp_dealloc(Sp *self)
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     sp_clear(self);
-    for (Py_ssize_t k = 0; k < self->heap_n; k++) {
-        Py_DECREF(self->heap[k].block);
+    for (Py_ssize_t e = 0; e < self->blk_n; e++) {
+        Py_XDECREF(self->blk[e].key);
+        Py_XDECREF(self->blk[e].owner);
+        Py_XDECREF(self->blk[e].last);
     }
-    free(self->heap); /* grown by GROW (realloc) */
+    for (Py_ssize_t i = 0; i < self->heap_n; i++) {
+        Py_DECREF(self->heap[i].block);
+    }
+    free(self->blk); /* grown by GROW (realloc) */
+    free(self->slots);
+    free(self->heap);
     free(self->pos);
     PyMem_Free(self->lasto);
     PyMem_Free(self->lastv);
     PyMem_Free(self->mine);
-    PyMem_Free(self->hash);
+    PyMem_Free(self->run_blk);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }
@@ -3716,10 +4079,16 @@ static PyMethodDef sp_methods[] = {
      "release(session_id, held): a conversation completed"},
     {"expire", (PyCFunction)sp_expire, METH_O, "expire(watermark)"},
     {"restore", (PyCFunction)(void (*)(void))sp_restore, METH_FASTCALL,
-     "restore(shared, held): rebuild from a checkpoint"},
-    {"clear", (PyCFunction)sp_clear_owners, METH_NOARGS, "clear(): everything completes"},
+     "restore(shared, held): rebuild an empty index from a checkpoint"},
+    {"clear", (PyCFunction)sp_clear_private, METH_NOARGS, "clear(): everything completes"},
     {"positions", (PyCFunction)sp_positions_list, METH_O,
      "positions(blocks) -> the indexed positions of a request of `blocks` blocks"},
+    {"_upserts", (PyCFunction)sp_upserts, METH_NOARGS,
+     "_upserts() -> the shared table's upserts since the last _clear_changes, as a new dict"},
+    {"_clear_changes", (PyCFunction)sp_clear_changes, METH_NOARGS,
+     "_clear_changes(): no upserts, no removals"},
+    {"_private_count", (PyCFunction)sp_private_count, METH_NOARGS,
+     "_private_count() -> private blocks held"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -3730,7 +4099,8 @@ static PyMemberDef sp_members[] = {
 };
 
 static PyGetSetDef sp_getset[] = {
-    {"shared_table", (getter)sp_get_shared, NULL, "shared block -> last reference (s)", NULL},
+    {"shared_table", (getter)sp_get_shared, NULL,
+     "shared block -> last reference (s), a new dict in the Python index's order", NULL},
     {"next_due", (getter)sp_get_next_due, NULL, "event time from which expire drops something",
      NULL},
     {"_timeout", (getter)sp_get_timeout, NULL, "the completion timeout (s)", NULL},
