@@ -7,7 +7,7 @@ cool-down 0.2 of first-turn times). The IAC table is learned from the first 0.2 
 conversations (the warm-up, so learning and measuring never share a conversation); the forecast
 comes from the statistics of the whole trace, as ``docs/validation.md`` does.
 
-``python -m kvcast.lab.reports.policy_report [--quick] [--out docs]`` writes
+``python -m kvcast.lab.reports.policy_report [--quick] [--jobs N] [--out docs]`` writes
 ``policies.md`` tables to stdout and ``policies_*.png`` into ``--out``; with ``--markdown
 FILE`` it also regenerates FILE's results between the ``<!-- policy-report -->`` markers (so
 ``--out docs --markdown docs/policies.md`` regenerates the document in one command).
@@ -16,6 +16,7 @@ FILE`` it also regenerates FILE's results between the ``<!-- policy-report -->``
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -29,6 +30,7 @@ import orjson
 
 from kvcast.lab.reports.policy_plot import plot_report
 from kvcast.lab.reports.policy_results import ForecastRow, PolicyRow, Report, Workload
+from kvcast.lab.reports.tasks import map_tasks
 from kvcast.lab.reports.validation import sample_from_events
 from kvcast.lab.sim.block_cache import block_layout
 from kvcast.lab.sim.measurement import first_times
@@ -157,54 +159,84 @@ def run_policy_report(
     quick: bool = False,
     progress: Callable[[str], None] | None = None,
     conversation_policies: Sequence[tuple[str, str]] = CONVERSATION_SET,
+    jobs: int = 1,
 ) -> Report:
-    """Sweep every policy over every workload's capacities; forecast against LRU."""
+    """Sweep every policy over every workload's capacities; forecast against LRU. The
+    workloads are independent: with ``jobs`` > 1 they run in that many worker processes
+    (``progress`` then hears one line per workload, as each comes back)."""
     start = time.perf_counter()
     if workloads is None:
         workloads = default_workloads(quick)
     report = Report()
-    for wl in workloads:
-        report.workloads[wl.name] = wl.description
-        layout = block_layout(wl.trace)
-        sample = sample_from_events(wl.events, wl.block_size)
-        if wl.lambda0 is not None:
-            sample = replace(sample, lambda0=wl.lambda0)
-        everything = int(wl.trace.blocks.sum()) + 1
-        window = (wl.warmup_fraction, wl.cooldown_fraction)
-        report.unlimited[wl.name] = simulate(
-            wl.trace, everything, "lru", "block", *window, layout=layout
-        ).hit_ratio
-        for n in wl.capacities:
-            for label, policy, options in policies:
-                res = simulate(
-                    wl.trace, n, policy, "block", *window, layout=layout,
-                    **_learning(policy, wl), **options,
-                )  # fmt: skip
-                report.policies.append(PolicyRow(wl.name, n, label, res.hit_ratio, res.elapsed_s))
-                if progress is not None:
-                    progress(f"{wl.name} N={n} {label}: {res.hit_ratio:.3f}")
-            for label, policy in conversation_policies:
-                learning = _learning(policy, wl)
-                res = simulate(wl.trace, n, policy, "conversation", *window, **learning)
-                report.policies.append(
-                    PolicyRow(wl.name, n, label, res.hit_ratio, res.elapsed_s, "conversation")
-                )
-            conv = (
-                report.hit(wl.name, n, "LRU", "conversation")
-                if any(label == "LRU" for label, _ in conversation_policies)
-                else simulate(wl.trace, n, "lru", "conversation", *window).hit_ratio
+    if jobs > 1:
+        sweep = functools.partial(
+            sweep_workload, policies=policies, conversation_policies=conversation_policies
+        )
+        parts = map_tasks(sweep, workloads, jobs)
+    else:
+        parts = [sweep_workload(wl, policies, conversation_policies, progress) for wl in workloads]
+    for wl, part in zip(workloads, parts, strict=True):
+        report.workloads.update(part.workloads)
+        report.unlimited.update(part.unlimited)
+        report.policies += part.policies
+        report.forecasts += part.forecasts
+        if jobs > 1 and progress is not None:
+            progress(f"{wl.name}: {time.perf_counter() - start:.0f} s")
+    report.elapsed_s = time.perf_counter() - start
+    return report
+
+
+def sweep_workload(
+    wl: Workload,
+    policies: Sequence[tuple[str, str, dict[str, Any]]] = POLICY_SET,
+    conversation_policies: Sequence[tuple[str, str]] = CONVERSATION_SET,
+    progress: Callable[[str], None] | None = None,
+) -> Report:
+    """One workload's part of the report: every policy at every capacity, the unlimited
+    cache, the forecast rows."""
+    start = time.perf_counter()
+    report = Report()
+    report.workloads[wl.name] = wl.description
+    layout = block_layout(wl.trace)
+    sample = sample_from_events(wl.events, wl.block_size)
+    if wl.lambda0 is not None:
+        sample = replace(sample, lambda0=wl.lambda0)
+    everything = int(wl.trace.blocks.sum()) + 1
+    window = (wl.warmup_fraction, wl.cooldown_fraction)
+    report.unlimited[wl.name] = simulate(
+        wl.trace, everything, "lru", "block", *window, layout=layout
+    ).hit_ratio
+    for n in wl.capacities:
+        for label, policy, options in policies:
+            res = simulate(
+                wl.trace, n, policy, "block", *window, layout=layout,
+                **_learning(policy, wl), **options,
+            )  # fmt: skip
+            report.policies.append(PolicyRow(wl.name, n, label, res.hit_ratio, res.elapsed_s))
+            if progress is not None:
+                progress(f"{wl.name} N={n} {label}: {res.hit_ratio:.3f}")
+        for label, policy in conversation_policies:
+            learning = _learning(policy, wl)
+            res = simulate(wl.trace, n, policy, "conversation", *window, **learning)
+            report.policies.append(
+                PolicyRow(wl.name, n, label, res.hit_ratio, res.elapsed_s, "conversation")
             )
-            fc = forecast_from_sample(sample, n, wl.block_size)
-            report.forecasts.append(
-                ForecastRow(
-                    wl.name,
-                    n,
-                    fc.hit_ratio,
-                    fc.hit_ratio_single_class,
-                    report.hit(wl.name, n, "LRU"),
-                    conv,
-                )
+        conv = (
+            report.hit(wl.name, n, "LRU", "conversation")
+            if any(label == "LRU" for label, _ in conversation_policies)
+            else simulate(wl.trace, n, "lru", "conversation", *window).hit_ratio
+        )
+        fc = forecast_from_sample(sample, n, wl.block_size)
+        report.forecasts.append(
+            ForecastRow(
+                wl.name,
+                n,
+                fc.hit_ratio,
+                fc.hit_ratio_single_class,
+                report.hit(wl.name, n, "LRU"),
+                conv,
             )
+        )
     report.elapsed_s = time.perf_counter() - start
     return report
 
@@ -233,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="docs", help="directory for the PNG figures")
     parser.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
     parser.add_argument(
+        "--jobs", type=int, default=1, help="worker processes, one workload each (default 1)"
+    )
+    parser.add_argument(
         "--markdown",
         metavar="FILE",
         help="also write the tables into FILE between its policy-report markers",
@@ -242,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     report = run_policy_report(
         quick=args.quick,
         progress=(lambda m: print(f"\r{m:<60}", end="", file=sys.stderr)) if tty else None,
+        jobs=max(1, args.jobs),
     )
     if tty:
         print(file=sys.stderr)

@@ -144,3 +144,22 @@ def test_an_agent_preset_is_swept_on_its_own_block_size() -> None:
     )
     (row,) = report.forecasts
     assert row.forecast is not None and 0.0 < row.lru_block < 1.0
+
+
+def test_workloads_in_worker_processes_give_the_same_report() -> None:
+    """``jobs`` > 1 sweeps each workload in its own process: the same rows, in the same order,
+    as one process."""
+    small = [
+        replace(generated_workload("mixed", lambda0=1.0, conversations=150, seed=2),
+                capacities=(60,)),
+        replace(generated_workload("production", lambda0=1.0, conversations=150, seed=2),
+                capacities=(60,)),
+    ]  # fmt: skip
+    policies = (("LRU", "lru", {}), ("density", "density", {}))
+    convs = (("LRU", "lru"),)
+    one = run_policy_report(small, policies, conversation_policies=convs)
+    two = run_policy_report(small, policies, conversation_policies=convs, jobs=2)
+    assert list(two.workloads) == ["mixed", "production"]
+    assert two.to_markdown() == one.to_markdown()
+    untimed = [[replace(row, elapsed_s=0.0) for row in r.policies] for r in (one, two)]
+    assert untimed[1] == untimed[0] and two.forecasts == one.forecasts
