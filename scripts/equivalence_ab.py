@@ -74,7 +74,8 @@ def arrivals_dump(a):
             sorted([s, c.starts, c.cached_tokens, c.input_tokens] for s, c in a.seconds.items())]
 
 def conversation_dump(c):
-    return [c.session_id, c.last_ts, sorted([t, list(r)] for t, r in c.turns.items())]
+    return [c.session_id, c.last_ts, sorted([t, list(r)] for t, r in c.turns.items()),
+            list(getattr(c, "held", ()))]
 
 pipeline = Pipeline(config)
 for line in lines:
@@ -110,6 +111,9 @@ for offset, line in enumerate(lines):
                 "ids_removed": sorted(d.ids_removed),
                 "buckets": {str(i): bucket_dump(b) for i, b in sorted(d.buckets.items())},
                 "arrivals": arrivals_dump(d.arrivals), "counters": d.counters.to_dict(),
+                # the shared-prefix table's changes (revisions that have them), in their order
+                "shared_upserts": list(getattr(d, "shared_upserts", {}).items()),
+                "shared_removals": list(getattr(d, "shared_removals", [])),
             })
 for part in engines:
     part.flush()
@@ -153,10 +157,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("rev")
     parser.add_argument("--conversations", type=int, default=3000)
+    parser.add_argument(
+        "--presets",
+        default="single,mixed,lognormal",
+        help="comma-separated generator presets (shared_system, agent: events with block_hashes)",
+    )
     options = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kvcast-eq-") as tmp:
         old_path = export(options.rev, Path(tmp))
-        for preset_name in ("single", "mixed", "lognormal"):
+        for preset_name in options.presets.split(","):
             for tight in ("0", "1"):
                 dumps = []
                 for root in (str(old_path), ""):
