@@ -12,6 +12,8 @@ the partition delta and the snapshot read them in it), the size and ``next_due``
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -230,3 +232,18 @@ def test_the_engine_gives_the_same_statistics_with_either_index(
     assert native == python
     assert any(upserts for upserts, _, _ in python[0])
     assert any(removals for _, removals, _ in python[0])
+
+
+def test_without_the_extension_the_tracker_uses_the_python_index() -> None:
+    """The extension is optional (no compiler, no C): then the Python index is the one."""
+    code = (
+        "import sys; sys.modules['kvcast.stats.native._replay'] = None\n"
+        "from kvcast.stats import conversations, shared_prefix as s\n"
+        "from kvcast.stats.config import StatsConfig\n"
+        "assert s.SharedPrefixIndex is s.PySharedPrefixIndex\n"
+        "assert not hasattr(s, 'NativeSharedPrefixIndex')\n"
+        "index = conversations.ConversationTracker(StatsConfig()).shared_index\n"
+        "assert type(index) is s.PySharedPrefixIndex\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
