@@ -9,10 +9,11 @@ the flag (``--commit-interval``), hence the variable (``KVCAST_COMMIT_INTERVAL``
 key (``commit-interval``, or the field's name), its kind (bounds or choices), help and any
 further rule. The CLI's options, the Helm chart's schema and the settings table of
 docs/operating.md are generated from these, and ``__post_init__`` checks each value by the same
-declaration, so a bound cannot differ between the flag and the Python API. Three fields are
-composites with flags of their own, shared with other commands: ``stats``
-(:class:`~kvcast.stats.config.StatsConfig`, ``replay`` and ``table`` too), ``tiers`` and
-``tier_mode`` (``forecast``, ``simulate``) and ``extra_intents`` (read from ``--taxonomy-file``).
+declaration, so a bound cannot differ between the flag and the Python API. Four fields take
+their values from flags declared elsewhere, shared with other commands: ``stats``
+(:class:`~kvcast.stats.config.StatsConfig`'s flags, cli/options.py, also ``replay`` and
+``table``), ``tiers`` and ``tier_mode`` (also ``forecast`` and ``simulate``) and
+``extra_intents`` (read from ``--taxonomy-file``).
 """
 
 from __future__ import annotations
