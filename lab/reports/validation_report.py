@@ -219,7 +219,13 @@ class ValidationReport:
                 f"{s.exact_s * 1e3:.2f} ms (exact piecewise-linear solver)",
                 f"{s.naive_s * 1e3:.0f} ms (brentq per point, numpy d(T))",
                 f"{s.ratio:,.0f}x",
-            )
+            ),
+            (
+                f"`partial` curve, {s.points} points, {s.delays:,} revisits",
+                f"{s.partial_s * 1e3:.1f} ms ({s.partial_groups:,} groups of revisits)",
+                f"{s.partial_exact_s * 1e3:.0f} ms (summed over every revisit)",
+                f"{s.partial_exact_s / s.partial_s:,.0f}x" if s.partial_s > 0 else "-",
+            ),
         ]
 
     def to_markdown(self) -> str:
