@@ -19,8 +19,9 @@ from typing import Any, TypeVar
 
 import click
 
+from kvcast.daemon.declarations import Choice, Number, Text
 from kvcast.daemon.logs import LOG_FORMATS
-from kvcast.daemon.settings import Choice, Number, Text, declared
+from kvcast.daemon.settings import declared
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.taxonomy import label_map
 from kvcast.stats.tiers import DEFAULT_TIER_MODE, TIER_MODES, Tier, check_tiers, parse_tier
