@@ -43,12 +43,19 @@ class _Uniform:
     finite = False
 
     def describe(self) -> str:
-        """``an integer >= 1 (x>=1)``: in words, then in click's notation as ``--help`` shows it."""
-        low = None if self.min is None else f"{'>' if self.min_open else '>='} {self.min:g}"
-        high = None if self.max is None else f"{'<' if self.max_open else '<='} {self.max:g}"
-        bounds = " and ".join(b for b in (low, high) if b)
-        finite = "a finite " + self.kind.split(" ", 1)[1] if self.finite else self.kind
-        return f"{finite} {bounds} ({self._describe_range()})"  # type: ignore[attr-defined]
+        """``an integer >= 1 (x>=1)``: in words (the settings' own, kvcast.daemon.declarations),
+        then in click's notation as ``--help`` shows it."""
+        number = Number(
+            int if self.kind == "an integer" else float,
+            self.min,
+            self.max,
+            self.min_open,
+            self.max_open,
+        )
+        words = number.describe()
+        if self.finite:
+            words = words.replace(self.kind, "a finite " + self.kind.split(" ", 1)[1], 1)
+        return f"{words} ({self._describe_range()})"  # type: ignore[attr-defined]
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         try:
