@@ -17,8 +17,12 @@ counts only the hashable blocks, as the paper does. ``paper`` is always hashable
 Finite-size ``refinement`` (``hit_ratio`` only; ``hit_ratio_single_class`` is always the paper's):
 ``none`` (mean field: revisit k hits iff d(W_k) <= N); ``tagged`` (the revisited conversation's
 own R_k blocks count: d(W_k) + R_k <= N, exact and as fast); ``fluctuation`` (tagged, plus
-Gaussian fluctuations of the displacement, ``kvcast.stats.finite_size``; O(points x revisits)).
-The defaults below were chosen by measured error against Algorithm 1 (docs/validation.md).
+Gaussian fluctuations of the displacement, ``kvcast.stats.finite_size``; O(points x revisits));
+``partial`` (the revisit reuses the prefix of its conversation that still fits, with those
+fluctuations: the forecast where one context is a sizeable share of the cache, agent traffic;
+its revisits grouped, O(points x groups)).
+The defaults below were chosen by measured error against Algorithm 1 and block-level LRU
+(docs/validation.md).
 """
 
 from __future__ import annotations
