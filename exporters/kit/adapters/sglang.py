@@ -95,7 +95,10 @@ class IACStrategy:
         self._density = self.policy == "density"
         self.clock = clock
         # one StateValues per (intent, turn) tagged: what get_priority reads off a node's tag
-        self._states = StateCache(self._table, StateValues, density=self._density)
+        self._states = StateCache(
+            self._table, StateValues, density=self._density, changed=self._table_changed
+        )
+        self._index: PriorityIndex | None = None  # the cache's table, one lookup per node
         self._states.sync()
 
     def get_priority(self, node: Any) -> tuple[Any, ...]:
@@ -104,7 +107,7 @@ class IACStrategy:
         tag = node.__dict__.get(TAG_ATTR)  # no AttributeError raised and caught per node
         if tag is None:
             return (UNTAGGED, node.last_access_time)
-        if self._table.index is not self._states.index:
+        if self._table.index is not self._index:
             self._states.sync()
         state, released_at = tag
         if self._density:
@@ -148,6 +151,9 @@ class IACStrategy:
             marked = shared_tag is not None and node.__dict__.get(SHARED_ATTR)
             setattr(node, TAG_ATTR, shared_tag if marked else tag)
         return len(path)
+
+    def _table_changed(self) -> None:
+        self._index = self._states.index
 
     def tag_request(self, cache: Any, req: Any) -> int:
         """Tag the path a released request's tokens ended on with the request's state; what a
