@@ -229,7 +229,7 @@ def declared_options(names: Collection[str] | None = None) -> Callable[[F], F]:
                 default=default,
                 show_default=default is not None,
                 envvar=how.envvar,
-                show_envvar=how.envvar is not None,
+                show_envvar=True,
                 help=how.help,
             )(command)
         return command

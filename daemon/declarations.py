@@ -70,17 +70,16 @@ class Text:
 
 @dataclass(frozen=True)
 class Setting:
-    """How one field of :class:`DaemonSettings` is set: ``--flag``, ``KVCAST_FLAG`` (unless
-    ``environment`` is false) and the config key ``flag``. ``many``: a repeatable flag, a TOML
-    list, a tuple; ``separator``: one string split into a tuple (``a,b``). ``check``: a further
-    rule, the whole message (naming the value) or None."""
+    """How one field of :class:`DaemonSettings` is set: ``--flag``, ``KVCAST_FLAG`` and the
+    config key ``flag``. ``many``: a repeatable flag (its variable takes the values separated
+    by spaces), a TOML list, a tuple; ``separator``: one string split into a tuple (``a,b``).
+    ``check``: a further rule, the whole message (naming the value) or None."""
 
     flag: str
     kind: Number | Choice | Text
     help: str
     many: bool = False
     separator: str | None = None
-    environment: bool = True
     check: Callable[[Any], str | None] | None = None
 
     @property
@@ -89,15 +88,12 @@ class Setting:
         return self.flag.removeprefix("--")
 
     @property
-    def envvar(self) -> str | None:
-        if not self.environment:
-            return None
+    def envvar(self) -> str:
         return "KVCAST_" + self.key.upper().replace("-", "_")
 
     def where(self) -> str:
         """``--commit-interval, KVCAST_COMMIT_INTERVAL or config key commit-interval``."""
-        names = [self.flag, *([self.envvar] if self.envvar else []), f"config key {self.key}"]
-        return ", ".join(names[:-1]) + " or " + names[-1]
+        return f"{self.flag}, {self.envvar} or config key {self.key}"
 
     def problems(self, name: str, value: Any, optional: bool) -> Iterator[str]:
         """What is wrong with ``value`` for the field ``name``, each saying where it is set."""

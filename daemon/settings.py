@@ -174,9 +174,9 @@ class DaemonSettings:
         (0.5, 0.7),
         "--target-hit-ratio",
         Number(float, min=0, max=1, min_open=True, max_open=True),
-        "Hit ratios to report the needed capacity for (repeatable).",
+        "Hit ratios to report the needed capacity for (repeatable; the variable takes them "
+        "separated by spaces).",
         many=True,
-        environment=False,  # never had a variable; a repeatable flag's would split on spaces
     )
     commit_interval_s: float = setting(
         1.0, "--commit-interval", _POSITIVE, "Seconds between atomic state commits."

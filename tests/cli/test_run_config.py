@@ -52,6 +52,23 @@ def test_layers_file_then_environment_then_flags(tmp_path: Path) -> None:
     assert from_env_file["namespace"] == "file"
 
 
+def test_a_repeatable_flag_reads_its_variable_as_values_separated_by_spaces(
+    tmp_path: Path,
+) -> None:
+    env = {"KVCAST_TARGET_HIT_RATIO": "0.6 0.9", "KVCAST_TIER": "host=2000 disk=9000"}
+    settings = resolved(env=env)
+    assert settings["target_hit_ratios"] == [0.6, 0.9]
+    assert [t["name"] for t in settings["tiers"]] == ["host", "disk"]
+    config = tmp_path / "kvcast.toml"
+    config.write_text("target-hit-ratio = [0.8]\n")
+    assert resolved("--config", str(config), env=env)["target_hit_ratios"] == [0.6, 0.9]
+    assert resolved("--config", str(config))["target_hit_ratios"] == [0.8]
+    refused = CliRunner().invoke(
+        cli, ["run", "--print-config"], env={"KVCAST_TARGET_HIT_RATIO": "0.6 1.5"}
+    )
+    assert refused.exit_code == 2 and "KVCAST_TARGET_HIT_RATIO" in refused.output
+
+
 def test_store_password_is_redacted() -> None:
     settings = resolved("--store", "redis://:s3cret@cache:6379/0")
     assert "s3cret" not in orjson.dumps(settings).decode()

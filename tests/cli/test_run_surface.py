@@ -72,7 +72,7 @@ SURFACE_TABLE = """
 --kv-bytes-per-token        kv_bytes_per_token          KVCAST_KV_BYTES_PER_TOKEN           -
 --tier                      tiers                       KVCAST_TIER                         -
 --tier-mode                 tier_mode                   KVCAST_TIER_MODE                    'exclusive'
---target-hit-ratio          target_hit_ratios           -                                   (0.5, 0.7)
+--target-hit-ratio          target_hit_ratios           KVCAST_TARGET_HIT_RATIO             (0.5, 0.7)
 --log-level                 log_level                   KVCAST_LOG_LEVEL                    'info'
 --log-format                log_format                  KVCAST_LOG_FORMAT                   'text'
 --print-config              print_config                -                                   -

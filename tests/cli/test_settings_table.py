@@ -30,7 +30,7 @@ def test_the_page_lists_every_setting_as_the_command_declares_it() -> None:
     # spot checks against the command's own words, so the table cannot be empty or shuffled
     assert "| `--commit-interval` | `KVCAST_COMMIT_INTERVAL` | `1.0` | Seconds between" in page
     assert "| `--taxonomy 30\\|20\\|10` | `KVCAST_TAXONOMY` | `30` |" in page
-    assert "| `--target-hit-ratio` |  | `0.5` `0.7` |" in page
+    assert "| `--target-hit-ratio` | `KVCAST_TARGET_HIT_RATIO` | `0.5` `0.7` |" in page
 
 
 def test_a_stale_table_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

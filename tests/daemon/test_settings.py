@@ -118,7 +118,6 @@ def test_where_names_the_flag_the_variable_and_the_key() -> None:
     assert DECLARED["commit_interval_s"].where() == (
         "--commit-interval, KVCAST_COMMIT_INTERVAL or config key commit-interval"
     )
-    # --target-hit-ratio never read a variable: a repeatable flag's would split on spaces.
     assert DECLARED["target_hit_ratios"].where() == (
-        "--target-hit-ratio or config key target-hit-ratio"
+        "--target-hit-ratio, KVCAST_TARGET_HIT_RATIO or config key target-hit-ratio"
     )
