@@ -18,6 +18,19 @@ _STYLE = {
 }
 
 
+def block_curves(report: Report, workload: str) -> dict[str, tuple[list[int], list[float]]]:
+    """Per block-level policy of ``workload``: (capacities in blocks, hit ratios). The
+    conversation-level rows share the labels LRU, IAC and density and are left out: drawn on the
+    same line they made each curve zigzag between the two granularities."""
+    curves: dict[str, tuple[list[int], list[float]]] = {}
+    for r in report.policies:
+        if r.workload == workload and r.granularity == "block":
+            xs, ys = curves.setdefault(r.policy, ([], []))
+            xs.append(r.capacity_blocks)
+            ys.append(r.hit_ratio)
+    return curves
+
+
 def plot_workload(report: Report, workload: str, directory: Path) -> Path:
     """Left: hit ratio vs capacity (log) per policy. Right: the forecast (product and
     single-class) against simulated LRU at block and conversation granularity."""
@@ -27,13 +40,8 @@ def plot_workload(report: Report, workload: str, directory: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.4))
-    labels = list(dict.fromkeys(r.policy for r in report.policies))
-    for label in labels:
-        rows = [r for r in report.policies if r.workload == workload and r.policy == label]
-        xs = [r.capacity_blocks for r in rows]
-        left.plot(
-            xs, [r.hit_ratio for r in rows], _STYLE.get(label, "-"), marker="o", ms=3, label=label
-        )
+    for label, (xs, ys) in block_curves(report, workload).items():
+        left.plot(xs, ys, _STYLE.get(label, "-"), marker="o", ms=3, label=label)
     left.set(
         xscale="log",
         xlabel="capacity N (blocks)",

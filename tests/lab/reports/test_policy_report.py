@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcast.lab.reports.policy_plot import plot_report
+from kvcast.lab.reports.policy_plot import block_curves, plot_report
 from kvcast.lab.reports.policy_report import (
     AGENT_CAPACITIES,
     BEGIN,
@@ -163,3 +163,16 @@ def test_workloads_in_worker_processes_give_the_same_report() -> None:
     assert two.to_markdown() == one.to_markdown()
     untimed = [[replace(row, elapsed_s=0.0) for row in r.policies] for r in (one, two)]
     assert untimed[1] == untimed[0] and two.forecasts == one.forecasts
+
+
+def test_the_block_level_figure_draws_block_rows_only() -> None:
+    """The conversation-level rows carry the labels LRU, IAC and density too; the block-level
+    figure's curves are the block rows alone, in capacity order."""
+    report = Report(workloads={"w": ""})
+    for n, block, conv in ((100, 0.3, 0.1), (200, 0.5, 0.2)):
+        report.policies.append(PolicyRow("w", n, "LRU", block, 0.0))
+        report.policies.append(PolicyRow("w", n, "LRU", conv, 0.0, "conversation"))
+        report.policies.append(PolicyRow("w", n, "TB+S", block + 0.1, 0.0))
+    assert block_curves(report, "w") == {"LRU": ([100, 200], [0.3, 0.5]),
+                                         "TB+S": ([100, 200], [0.4, 0.6])}  # fmt: skip
+    assert block_curves(report, "other") == {}
