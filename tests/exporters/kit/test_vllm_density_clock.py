@@ -19,7 +19,7 @@ from kvcast.exporters.kit.adapters.vllm_queue import IACFreeBlockQueue
 from kvcast.exporters.kit.ages import AGE_BUCKETS, age_bucket
 from kvcast.exporters.kit.index import PriorityIndex
 from tests.deadline import deadline
-from tests.exporters.test_vllm_queue_density import Block, Clock
+from tests.exporters.kit.test_vllm_queue_density import Block, Clock
 
 OFFSETS = (0.0, 1e6, 1.7e9, 1e12)  # s
 
