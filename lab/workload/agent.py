@@ -250,17 +250,8 @@ def _conversations(
     out_mean = np.asarray([e.output_mean for e in am.endings], np.float64)[ending]
     output = rng.geometric(1.0 / out_mean).astype(np.int64)
     choice = rng.integers(0, 1 << 30, rows) if prompts else None
-    return _Rows(
-        turns=turns,
-        conv_row=conv_row,
-        turn_row=turn_row,
-        offset=offset,
-        output=output,
-        choice=choice,
-        tokens=tokens.astype(np.int64),
-        epoch=epoch,
-        ending=ending,
-    )
+    common = (turns, conv_row, turn_row, offset, output, choice)  # gen.Rows' fields, in order
+    return _Rows(*common, tokens.astype(np.int64), epoch, ending)
 
 
 def generate_agent(

@@ -609,16 +609,7 @@ def _draw_rows(
     fill = rng.integers(1, block_size + 1, rows)
     output = rng.geometric(1.0 / tab.out_mean[ir]).astype(np.int64)
     choice = rng.integers(0, 1 << 30, rows) if prompts else None
-    return _Rows(
-        turns=turns,
-        conv_row=conv_row,
-        turn_row=turn_row,
-        offset=offset,
-        output=output,
-        choice=choice,
-        own=own,
-        fill=fill,
-    )
+    return _Rows(turns, conv_row, turn_row, offset, output, choice, own, fill)
 
 
 def _concat(a: NDArray | None, b: NDArray | None) -> NDArray | None:
