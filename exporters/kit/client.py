@@ -11,7 +11,7 @@ engines can use it without torch, Kafka, numpy or the daemon.
 (1.9e-06, -30.0)
 
 Policies (SPEC section 12): ``iac``, the tuple of SPEC Eq. 1, and ``density``, the hit density
-of the state at the node's age over the table's horizon (``kvcast.stats.priority``). The
+of the state at the node's age over the table's horizon (``kvcast.exporters.kit.index``). The
 client's ``policy`` (constructor; ``iac`` by default) is the one :meth:`TableClient.priority`
 and :meth:`TableClient.rank` use and the one the engine adapters rank by; a call may name
 another. A block that two or more conversations share (a system prompt, a tool set) is ranked

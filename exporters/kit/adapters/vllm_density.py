@@ -14,7 +14,7 @@ run, whose value rises, costs no flips. Candidates are never removed: an end's *
 its changes, and a candidate of another epoch is stale and skipped (and dropped in bulk once
 the heap is mostly stale). A flip only says "revalue this end then": an end with a flip due
 no later than its new candidate's needs no other (a list's newer runs fall later). Flip times
-come from :func:`kvcast.stats.density.flip_time`: strictly after the time they are computed at
+come from :func:`kvcast.exporters.kit.ages.flip_time`: strictly after the time they are computed at
 on any clock (``time.monotonic()`` of a long-running host included), so a flip handled at
 ``now`` is never due at ``now`` again.
 """
