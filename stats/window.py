@@ -82,12 +82,9 @@ class DelaySample(NamedTuple):
     prev_shared: int = 0
 
 
-class SharedGap(NamedTuple):
-    """``blocks`` shared blocks referenced again ``gap_s`` seconds after their previous
-    reference (by any conversation)."""
-
-    gap_s: float
-    blocks: int
+# (gap_s, blocks): ``blocks`` shared blocks referenced again ``gap_s`` seconds after their
+# previous reference (by any conversation). A plain tuple: the tracker's own, kept as it is.
+SharedGap = tuple[float, int]
 
 
 @dataclass(slots=True)
@@ -139,7 +136,7 @@ class Bucket:
             if record.shared_blocks:
                 sum_S += record.shared_blocks
                 shared_born += record.shared_born
-                self.shared_gaps.extend(_new_tuple(SharedGap, gap) for gap in record.shared_gaps)
+                self.shared_gaps.extend(record.shared_gaps)
         for turn in order[1:]:
             record = turns[turn]
             blocks = previous.blocks

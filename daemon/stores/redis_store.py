@@ -59,7 +59,6 @@ from kvcast.stats.window import (
     Bucket,
     DelaySample,
     MomentSums,
-    SharedGap,
     StateSums,
     StatsWindow,
     merge_anchored,
@@ -382,7 +381,7 @@ class RedisStore:
         if bucket.shared_gaps:
             pipe.rpush(
                 self.part_key("sgaps", part, index),
-                orjson.dumps([[g.gap_s, g.blocks] for g in bucket.shared_gaps]),
+                orjson.dumps(bucket.shared_gaps),  # [[gap_s, blocks], ...]
             )
 
     def _queue_arrivals(
@@ -528,7 +527,7 @@ def _decode_bucket(
     for batch in delay_batches:
         bucket.delays.extend(DelaySample(*row) for row in orjson.loads(batch))
     for batch in gap_batches:
-        bucket.shared_gaps.extend(SharedGap(*row) for row in orjson.loads(batch))
+        bucket.shared_gaps.extend((gap_s, blocks) for gap_s, blocks in orjson.loads(batch))
     return bucket
 
 
