@@ -200,7 +200,9 @@ class RevisitGroups:
         sd, v = self.sd[None, :], self.v[None, :]
         first = self._curvature(m, sd, self.ss_d, self.sp_d)
         second = self._curvature(m - v, sd, self.ss_dv, self.sp_dv)
-        return _prefix_reused(m, sd, v) @ self.count + (first - second).sum(axis=1)
+        # Row sums, not a matrix product: BLAS rounds a row differently with other rows beside
+        # it, and h(N) must not depend on which other capacities are asked with it.
+        return (_prefix_reused(m, sd, v) * self.count).sum(axis=1) + (first - second).sum(axis=1)
 
     def _curvature(
         self,
@@ -337,7 +339,7 @@ class FluctuationModel:
                 continue
             with np.errstate(divide="ignore", invalid="ignore"):
                 p = np.where(self._sd > 0, ndtr(z / self._sd), (z >= 0).astype(np.float64))
-            out[i : i + step] = p @ self._weight
+            out[i : i + step] = (p * self._weight).sum(axis=1)  # per row, as in reused()
         return out.reshape(n.shape)
 
     def grouping_error_bound(self, capacity: ArrayLike) -> NDArray[np.float64]:

@@ -112,3 +112,29 @@ def test_a_curve_point_sums_at_most_one_group_per_hundred_revisits(variant: str)
     )  # fmt: skip
     few = caps[::10]
     assert model.hit_ratio(few) == pytest.approx(exact.hit_ratio(few), abs=TOLERANCE)
+
+
+@pytest.mark.parametrize(
+    ("refinement", "grouped"), [("partial", True), ("partial", False), ("fluctuation", False)]
+)
+def test_a_capacitys_hit_ratio_is_the_same_whatever_is_asked_beside_it(
+    refinement: str, grouped: bool
+) -> None:
+    """The forecast's hit ratio at N and its GPU tier's share (h at N among the tiers' reaches)
+    are one number: h(N) asked alone, in a curve or in a chunk is bit for bit the same."""
+    sample = chat_100k()
+    model = sample_model(sample, 1.0, "state", "whole", refinement)
+    assert isinstance(model, FluctuationModel)
+    if not grouped:
+        W, _, v = revisit_weights(sample, "state", "whole")
+        model = FluctuationModel(
+            model.base, W[:5_000], v[:5_000], np.asarray(sample.prev_blocks[:5_000], np.float64),
+            EB2=final_blocks_second_moment(sample), partial=refinement == "partial",
+            group_width=None,
+        )  # fmt: skip
+    assert (model.groups is not None) == grouped
+    caps = np.linspace(100.0, 20_000.0, 37)
+    together = model.hit_ratio(caps)
+    alone = np.array([float(model.hit_ratio(c)) for c in caps])
+    in_threes = np.concatenate([model.hit_ratio(caps[i : i + 3]) for i in range(0, caps.size, 3)])
+    assert np.array_equal(together, alone) and np.array_equal(together, in_threes)

@@ -250,7 +250,7 @@ def test_the_shared_forecast_tracks_block_level_lru_where_the_conversations_alon
         alone = forecast_from_sample(sample, capacity, sharing="none")
         assert shared.shared is not None and alone.shared is None
         assert shared.estimators is not None
-        assert shared.estimators["state/whole/tagged"] == alone.hit_ratio
+        assert shared.estimators["state/whole/partial"] == alone.hit_ratio
         assert abs(shared.hit_ratio - measured) < abs(alone.hit_ratio - measured)
         assert abs(shared.hit_ratio - measured) < 0.03, (capacity, shared.hit_ratio, measured)
 
@@ -260,15 +260,15 @@ def test_the_shared_part_reports_its_blocks_hits_and_rate() -> None:
     sample = engine_of(events).snapshot().sample
     forecast = forecast_from_sample(sample, 400, instances=1).to_dict()
     shared = forecast["shared"]
-    assert shared["estimator"] == "shared/state/whole/tagged"
+    assert shared["estimator"] == "shared/state/whole/partial"
     assert 0 < shared["hit_ratio"] < forecast["hit_ratio"] <= forecast["upper_bound"]
     assert 0 < shared["blocks"] < 400
     total = sample.total()
     expected_rate = sample.lambda0 * total.sum_S / total.conversations
     assert shared["rate_per_s"] == pytest.approx(expected_rate)
     assert set(forecast["estimators"]) == {
-        "shared/state/whole/tagged",
-        "state/whole/tagged",
+        "shared/state/whole/partial",
+        "state/whole/partial",
         "paper/hashable/none",
     }
     with pytest.raises(ValueError, match="sharing must be one of"):
