@@ -19,11 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from kvcast.daemon.engine_metrics import (
-    STALE_AFTER_FAILURES,
-    EngineScraper,
-    engine_capacity,
-)
+from kvcast.daemon.engine_metrics import EngineScraper, engine_capacity
+from kvcast.daemon.engine_metrics.scraper import STALE_AFTER_FAILURES
 from kvcast.lab.bench.processes import DaemonProcess, wait_until
 from tests.daemon.test_engine_metrics import Endpoint, VllmMetrics, sglang_text
 

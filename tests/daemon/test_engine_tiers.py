@@ -33,14 +33,13 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from kvcast.daemon.engine_metrics import (
-    MAX_MODELS_PER_ENGINE,
-    MAX_TIERS_PER_MODEL,
-    STALE_AFTER_FAILURES,
     EngineScraper,
     TierWindow,
     parse_engine_metrics,
     parse_engine_tiers,
 )
+from kvcast.daemon.engine_metrics.readings import MAX_TIERS_PER_MODEL
+from kvcast.daemon.engine_metrics.scraper import MAX_MODELS_PER_ENGINE, STALE_AFTER_FAILURES
 from kvcast.lab.bench.processes import DaemonProcess, wait_until
 from tests.daemon.test_engine_metrics import Endpoint, VllmMetrics
 
