@@ -19,10 +19,10 @@ from typing import Any, TypeVar
 
 import click
 
-from kvcast.daemon.declarations import Choice, Number, Text
 from kvcast.daemon.logs import LOG_FORMATS
 from kvcast.daemon.settings import declared
 from kvcast.stats.config import StatsConfig
+from kvcast.stats.declarations import Choice, Number, Text, declared_settings
 from kvcast.stats.taxonomy import label_map
 from kvcast.stats.tiers import DEFAULT_TIER_MODE, TIER_MODES, Tier, check_tiers, parse_tier
 
@@ -43,7 +43,7 @@ class _Uniform:
     finite = False
 
     def describe(self) -> str:
-        """``an integer >= 1 (x>=1)``: in words (the settings' own, kvcast.daemon.declarations),
+        """``an integer >= 1 (x>=1)``: in words (the settings' own, kvcast.stats.declarations),
         then in click's notation as ``--help`` shows it."""
         number = Number(
             int if self.kind == "an integer" else float,
@@ -100,77 +100,22 @@ def _layer(ctx: click.Context | None, param: click.Parameter | None) -> str:
     return ""
 
 
-BLOCK_SIZE = Ints(min=1)
-BLOCK_SIZE_HELP = "Tokens per KV block."
+def _click_type(kind: Number | Choice | Text) -> Any:
+    """The click type checking what ``kind`` declares, with the uniform message for numbers."""
+    if isinstance(kind, Number):
+        numbers = Ints if kind.type is int else Floats
+        return numbers(min=kind.min, max=kind.max, min_open=kind.min_open, max_open=kind.max_open)
+    if isinstance(kind, Choice):
+        return click.Choice([str(value) for value in kind.values])
+    return click.STRING
 
-# (flag, StatsConfig field, click type, help)
-_STATS_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
-    ("--block-size", "block_size", BLOCK_SIZE, BLOCK_SIZE_HELP),
-    (
-        "--completion-timeout",
-        "completion_timeout_s",
-        Floats(min=0, min_open=True),
-        "Seconds of event time after a conversation's last turn before it counts as completed.",
-    ),
-    (
-        "--allowed-lateness",
-        "allowed_lateness_s",
-        Floats(min=0),
-        "Seconds an event may arrive behind the newest event time and still count.",
-    ),
-    (
-        "--max-future-skew",
-        "max_future_skew_s",
-        Floats(min=0, min_open=True),
-        "Seconds an event's time may be ahead of the later of its partition's newest event time"
-        " and the clock; further ahead it is rejected as future.",
-    ),
-    ("--max-turn", "max_turn", Ints(min=1), "Turns above this share its state."),
-    (
-        "--window-conversations",
-        "window_conversations",
-        Ints(min=1),
-        "Completed conversations the statistics window holds at least.",
-    ),
-    (
-        "--window-max-age",
-        "window_max_age_s",
-        Floats(min=0, min_open=True),
-        "Oldest completed conversation (seconds of event time) the window may hold.",
-    ),
-    (
-        "--rate-window",
-        "rate_window_s",
-        Ints(min=1),
-        "Seconds of event time over which the conversation arrival rate is measured.",
-    ),
-    (
-        "--max-open-conversations",
-        "max_open_conversations",
-        Ints(min=1),
-        "Open conversations kept per partition; events that would open more are shed (counted).",
-    ),
-    (
-        "--min-delay-samples",
-        "min_delay_samples",
-        Ints(min=1),
-        "Delays a state needs before its own median reuse delay replaces the default.",
-    ),
-    (
-        "--shared-index-blocks",
-        "shared_index_blocks",
-        Ints(min=0),
-        "Block ids (of events with block_hashes) the shared-prefix index keeps per partition,"
-        " about 100 bytes each; 0 turns the shared-prefix statistics off.",
-    ),
-    (
-        "--shared-index-dense-tokens",
-        "shared_index_dense_tokens",
-        Ints(min=1),
-        "The shared-prefix index takes every block of a request's first 2 x this many tokens,"
-        " then fewer: shared prefixes are exact there, within 1/(4 x as many blocks) beyond.",
-    ),
+
+# (flag, StatsConfig field, click type, help): as StatsConfig declares them (kvcast.stats.config).
+_STATS_FLAGS: tuple[tuple[str, str, Any, str], ...] = tuple(
+    (declared.flag, found.name, _click_type(declared.kind), declared.help)
+    for found, declared in declared_settings(StatsConfig)
 )
+_BLOCK_SIZE = next(flag for flag in _STATS_FLAGS if flag[1] == "block_size")
 
 
 def envvar_for(flag: str) -> str:
@@ -201,16 +146,6 @@ def pop_stats_config(kwargs: dict[str, Any]) -> StatsConfig:
         return StatsConfig(**values)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-
-
-def _click_type(kind: Number | Choice | Text) -> Any:
-    """The click type checking what ``kind`` declares, with the uniform message for numbers."""
-    if isinstance(kind, Number):
-        numbers = Ints if kind.type is int else Floats
-        return numbers(min=kind.min, max=kind.max, min_open=kind.min_open, max_open=kind.max_open)
-    if isinstance(kind, Choice):
-        return click.Choice([str(value) for value in kind.values])
-    return click.STRING
 
 
 def declared_options(names: Collection[str] | None = None) -> Callable[[F], F]:
@@ -264,10 +199,10 @@ def block_size_option(command: F) -> F:
     """``--block-size`` alone, for the commands that take no other statistics flag."""
     return click.option(
         "--block-size",
-        type=BLOCK_SIZE,
+        type=_BLOCK_SIZE[2],
         default=_DEFAULTS.block_size,
         show_default=True,
-        help=BLOCK_SIZE_HELP,
+        help=_BLOCK_SIZE[3],
     )(command)
 
 

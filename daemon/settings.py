@@ -5,7 +5,7 @@ the TOML config file (``--config`` / ``KVCAST_CONFIG``), then the defaults below
 ``kvcast run`` command builds one :class:`DaemonSettings`; nothing else reads the environment.
 
 A field of :class:`DaemonSettings` declared with ``setting()`` carries its ``Setting``
-(kvcast.daemon.declarations):
+(kvcast.stats.declarations):
 the flag (``--commit-interval``), hence the variable (``KVCAST_COMMIT_INTERVAL``) and the config
 key (``commit-interval``, or the field's name), its kind (bounds or choices), help and any
 further rule. The CLI's options, the Helm chart's schema and the settings table of
@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from kvcast.daemon.declarations import SETTING, Choice, Number, Setting, Text, setting
 from kvcast.producer.kafka import kafka_topic_of
 from kvcast.stats.config import StatsConfig
+from kvcast.stats.declarations import Choice, Number, Setting, Text, declared_settings, setting
 from kvcast.stats.shadow import DEFAULT_SAMPLING
 from kvcast.stats.store_url import SCHEMES, StoreURLError, parse, redact
 from kvcast.stats.taxonomy import label_map
@@ -42,9 +42,7 @@ MAX_WORKERS = 64
 
 def declared() -> Iterator[tuple[dataclasses.Field[Any], Setting]]:
     """Each declared field of :class:`DaemonSettings` with its setting, in field order."""
-    for found in dataclasses.fields(DaemonSettings):
-        if SETTING in found.metadata:
-            yield found, found.metadata[SETTING]
+    return declared_settings(DaemonSettings)
 
 
 def _source_problem(source: str) -> str | None:

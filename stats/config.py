@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvcast.stats.declarations import Number, declared_settings, setting
+
 
 @dataclass(frozen=True)
 class StatsConfig:
@@ -31,56 +33,69 @@ class StatsConfig:
       dense blocks) beyond.
     """
 
-    block_size: int = 16
-    completion_timeout_s: float = 1800.0
-    allowed_lateness_s: float = 60.0
-    max_future_skew_s: float = 3600.0
-    max_turn: int = 32
-    window_conversations: int = 10_000
-    window_max_age_s: float = 86_400.0
+    block_size: int = setting(16, "--block-size", Number(int, min=1), "Tokens per KV block.")
+    completion_timeout_s: float = setting(
+        1800.0, "--completion-timeout", Number(float, min=0, min_open=True),
+        "Seconds of event time after a conversation's last turn before it counts as completed.",
+    )  # fmt: skip
+    allowed_lateness_s: float = setting(
+        60.0, "--allowed-lateness", Number(float, min=0),
+        "Seconds an event may arrive behind the newest event time and still count.",
+    )  # fmt: skip
+    max_future_skew_s: float = setting(
+        3600.0, "--max-future-skew", Number(float, min=0, min_open=True),
+        "Seconds an event's time may be ahead of the later of its partition's newest event time"
+        " and the clock; further ahead it is rejected as future.",
+    )  # fmt: skip
+    max_turn: int = setting(
+        32, "--max-turn", Number(int, min=1), "Turns above this share its state."
+    )
+    window_conversations: int = setting(
+        10_000, "--window-conversations", Number(int, min=1),
+        "Completed conversations the statistics window holds at least.",
+    )  # fmt: skip
+    window_max_age_s: float = setting(
+        86_400.0, "--window-max-age", Number(float, min=0, min_open=True),
+        "Oldest completed conversation (seconds of event time) the window may hold.",
+    )  # fmt: skip
     bucket_s: float = 60.0
-    rate_window_s: int = 600
-    min_delay_samples: int = 2
+    rate_window_s: int = setting(
+        600, "--rate-window", Number(int, min=1),
+        "Seconds of event time over which the conversation arrival rate is measured.",
+    )  # fmt: skip
+    min_delay_samples: int = setting(
+        2, "--min-delay-samples", Number(int, min=1),
+        "Delays a state needs before its own median reuse delay replaces the default.",
+    )  # fmt: skip
     default_p_continue: float = 0.5
     default_median_reuse_s: float = 150.0
-    max_open_conversations: int = 1_000_000
-    shared_index_blocks: int = 1_000_000
-    shared_index_dense_tokens: int = 256
+    max_open_conversations: int = setting(
+        1_000_000, "--max-open-conversations", Number(int, min=1),
+        "Open conversations kept per partition; events that would open more are shed (counted).",
+    )  # fmt: skip
+    shared_index_blocks: int = setting(
+        1_000_000, "--shared-index-blocks", Number(int, min=0),
+        "Block ids (of events with block_hashes) the shared-prefix index keeps per partition,"
+        " about 100 bytes each; 0 turns the shared-prefix statistics off.",
+    )  # fmt: skip
+    shared_index_dense_tokens: int = setting(
+        256, "--shared-index-dense-tokens", Number(int, min=1),
+        "The shared-prefix index takes every block of a request's first 2 x this many tokens,"
+        " then fewer: shared prefixes are exact there, within 1/(4 x as many blocks) beyond.",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
-        problems = []
-        if self.block_size < 1:
-            problems.append(f"block_size must be >= 1 token, got {self.block_size}")
-        if not self.completion_timeout_s > 0:
-            problems.append(f"completion_timeout_s must be > 0, got {self.completion_timeout_s}")
-        if not self.allowed_lateness_s >= 0:
-            problems.append(f"allowed_lateness_s must be >= 0, got {self.allowed_lateness_s}")
-        if not self.max_future_skew_s > 0:
-            problems.append(f"max_future_skew_s must be > 0, got {self.max_future_skew_s}")
-        if self.max_turn < 1:
-            problems.append(f"max_turn must be >= 1, got {self.max_turn}")
-        if self.window_conversations < 1:
-            problems.append(f"window_conversations must be >= 1, got {self.window_conversations}")
-        if not self.window_max_age_s > 0:
-            problems.append(f"window_max_age_s must be > 0, got {self.window_max_age_s}")
+        # A declared field is checked by its declaration (the flag's own bounds); the three
+        # without a flag by hand.
+        problems = [
+            problem
+            for found, declared in declared_settings(StatsConfig)
+            for problem in declared.problems(found.name, getattr(self, found.name), False)
+        ]
         if not self.bucket_s > 0:
             problems.append(f"bucket_s must be > 0, got {self.bucket_s}")
-        if self.rate_window_s < 1:
-            problems.append(f"rate_window_s must be >= 1 s, got {self.rate_window_s}")
-        if self.min_delay_samples < 1:
-            problems.append(f"min_delay_samples must be >= 1, got {self.min_delay_samples}")
         if not 0 <= self.default_p_continue <= 1:
             problems.append(f"default_p_continue must be in [0, 1], got {self.default_p_continue}")
-        if self.max_open_conversations < 1:
-            problems.append(
-                f"max_open_conversations must be >= 1, got {self.max_open_conversations}"
-            )
-        if self.shared_index_dense_tokens < 1:
-            problems.append(
-                f"shared_index_dense_tokens must be >= 1, got {self.shared_index_dense_tokens}"
-            )
-        if self.shared_index_blocks < 0:
-            problems.append(f"shared_index_blocks must be >= 0, got {self.shared_index_blocks}")
         if not self.default_median_reuse_s > 0:
             problems.append(
                 f"default_median_reuse_s must be > 0, got {self.default_median_reuse_s}"

@@ -1,5 +1,5 @@
 """Each setting of ``kvcast run`` declared once: the flag, the variable, the config key, the
-bounds and the check all come from the ``Setting`` (kvcast.daemon.declarations) of its field."""
+bounds and the check all come from the ``Setting`` (kvcast.stats.declarations) of its field."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from kvcast.cli.main import cli
-from kvcast.daemon.declarations import Choice, Number, Setting
 from kvcast.daemon.settings import DaemonSettings, declared
+from kvcast.stats.declarations import Choice, Number, Setting
 
 DECLARED = {found.name: how for found, how in declared()}
 

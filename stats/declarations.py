@@ -1,13 +1,15 @@
 """How a setting is declared once: its flag, kind, help and rule, beside its field and default.
 
 A field made with :func:`setting` carries a :class:`Setting` in its metadata (under
-:data:`SETTING`); ``kvcast.daemon.settings`` declares the daemon's, the CLI makes its options
+:data:`SETTING`); ``kvcast.daemon.settings`` declares the daemon's and
+``kvcast.stats.config`` the statistics engine's, the CLI makes its options
 from them and the settings check their values by them. A kind (:class:`Number`,
 :class:`Choice`, :class:`Text`) says what a value must be and, in words, why one is refused.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from collections.abc import Callable, Iterator
@@ -70,7 +72,7 @@ class Text:
 
 @dataclass(frozen=True)
 class Setting:
-    """How one field of :class:`DaemonSettings` is set: ``--flag``, ``KVCAST_FLAG`` and the
+    """How one field of a settings dataclass is set: ``--flag``, ``KVCAST_FLAG`` and the
     config key ``flag``. ``many``: a repeatable flag (its variable takes the values separated
     by spaces), a TOML list, a tuple; ``separator``: one string split into a tuple (``a,b``).
     ``check``: a further rule, the whole message (naming the value) or None."""
@@ -108,5 +110,12 @@ class Setting:
 
 
 def setting(default: Any, flag: str, kind: Number | Choice | Text, help: str, **how: Any) -> Any:
-    """A :class:`DaemonSettings` field with its default and its :class:`Setting`."""
+    """A dataclass field with its default and its :class:`Setting`."""
     return field(default=default, metadata={SETTING: Setting(flag, kind, help, **how)})
+
+
+def declared_settings(cls: type) -> Iterator[tuple[dataclasses.Field[Any], Setting]]:
+    """Each declared field of the dataclass ``cls`` with its setting, in field order."""
+    for found in dataclasses.fields(cls):
+        if SETTING in found.metadata:
+            yield found, found.metadata[SETTING]
