@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvcast.stats.declarations import Number, declared_settings, setting
+from kvcast.stats.declarations import Choice, Number, declared_settings, setting
+
+# How a turn's (intent, turn) state takes its intent (``state_intent``; docs/spec.md section 3).
+STATE_INTENT_MODES = ("auto", "conversation", "turn")
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,11 @@ class StatsConfig:
       2 x this many tokens of a request (at least 32 blocks), then fewer and fewer (see
       ``kvcast.stats.shared_prefix``): shared prefixes are exact there, within 1/(4 x the
       dense blocks) beyond.
+    - ``state_intent``: which intent a turn's state (table row, delay fit, continuation) is
+      filed under: ``conversation``, the conversation's last intent (IAC's rule, SPEC section
+      3); ``turn``, the turn's own; ``auto``, the turn's own for the labels that describe one
+      response (the agent endings, ``agent_tool_call`` ...), the conversation's for the rest.
+      The forecast's classes keep the conversation's intent in every mode.
     """
 
     block_size: int = setting(16, "--block-size", Number(int, min=1), "Tokens per KV block.")
@@ -82,6 +90,12 @@ class StatsConfig:
         256, "--shared-index-dense-tokens", Number(int, min=1),
         "The shared-prefix index takes every block of a request's first 2 x this many tokens,"
         " then fewer: shared prefixes are exact there, within 1/(4 x as many blocks) beyond.",
+    )  # fmt: skip
+    state_intent: str = setting(
+        "auto", "--state-intent", Choice(STATE_INTENT_MODES),
+        "Which intent a turn's state is filed under: conversation (its last turn's, IAC's"
+        " rule), turn (the turn's own), auto (the turn's own for the agent endings such as"
+        " agent_tool_call, the conversation's for the rest).",
     )  # fmt: skip
 
     def __post_init__(self) -> None:

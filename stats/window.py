@@ -4,6 +4,10 @@ Delays are kept as samples (not running sums of logs) because the forecast needs
 empirical distribution anyway, and fits computed from the sorted samples come out bit-identical
 whatever order the conversations completed in.
 
+A turn's (intent, turn) state takes the conversation's intent (its last turn's: IAC's rule) or
+the turn's own, as ``StatsConfig.state_intent`` says (:func:`own_intent_rule`); the workload
+moments and each delay's forecast class always take the conversation's.
+
 Each completed conversation is folded into the bucket of its last turn's event time
 (``bucket_s`` wide). A bucket holds only counts, sums and delay samples, so two daemon
 instances' buckets add up (:meth:`Bucket.merge`) and a bucket expires as a whole. The window
@@ -14,14 +18,17 @@ read by :meth:`StatsWindow.buckets_in_window` is the newest buckets holding at l
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.conversations import Conversation
+from kvcast.stats.taxonomy import AGENT_INTENTS
 
 StateKey = tuple[str, int]
+# Whether a turn with this intent label files its state under its own intent.
+OwnIntentRule = Callable[[str], bool]
 # tuple.__new__ builds a NamedTuple without the Python-level __new__ (half the cost).
 _new_tuple = tuple.__new__
 _floor = math.floor
@@ -67,8 +74,30 @@ class MomentSums:
         self.shared_born += other.shared_born
 
 
+def _never(label: str) -> bool:
+    return False
+
+
+def _always(label: str) -> bool:
+    return True
+
+
+def own_intent_rule(mode: str) -> OwnIntentRule:
+    """``StatsConfig.state_intent`` as a rule on a turn's label: ``conversation`` (never its
+    own), ``turn`` (always), ``auto`` (the labels describing one response: the agent endings)."""
+    if mode == "conversation":
+        return _never
+    if mode == "turn":
+        return _always
+    if mode == "auto":
+        return AGENT_INTENTS.__contains__
+    raise ValueError(f"state_intent must be auto, conversation or turn, got {mode!r}")
+
+
 class DelaySample(NamedTuple):
-    """One inter-turn delay W_t (s) leaving turn t (capped) of ``intent`` with R_t blocks.
+    """One inter-turn delay W_t (s) leaving turn t (capped) with R_t blocks, of a conversation
+    of ``intent``; ``state_intent`` is the intent of the state (``state_intent``, turn) it
+    leaves, the conversation's or turn t's own (module docstring).
 
     A tuple of atoms, so that the garbage collector stops tracking the window's samples.
     """
@@ -79,7 +108,19 @@ class DelaySample(NamedTuple):
     turn: int
     # Of prev_blocks, the leading ones the revisit (turn t+1) finds shared with other
     # conversations: their reuse is counted as shared-block references, not as the revisit's.
-    prev_shared: int = 0
+    prev_shared: int
+    state_intent: str
+
+
+def delay_from_row(row: list | tuple) -> DelaySample:  # type: ignore[type-arg]
+    """A stored delay row ``[delay_s, prev_blocks, intent, turn(, prev_shared(, state_intent))]``
+    (the short forms: no shared blocks; the state under the conversation's intent)."""
+    if len(row) == 6:
+        return _new_tuple(DelaySample, row)
+    delay_s, prev_blocks, intent, turn, *rest = row
+    return _new_tuple(
+        DelaySample, (delay_s, prev_blocks, intent, turn, rest[0] if rest else 0, intent)
+    )
 
 
 # (gap_s, blocks): ``blocks`` shared blocks referenced again ``gap_s`` seconds after their
@@ -107,20 +148,30 @@ class Bucket:
         self.delays.extend(other.delays)
         self.shared_gaps.extend(other.shared_gaps)
 
-    def add_conversation(self, conversation: Conversation, max_turn: int) -> None:
+    def add_conversation(
+        self, conversation: Conversation, max_turn: int, own_intent: OwnIntentRule
+    ) -> None:
         """Fold one completed conversation in (SPEC section 3).
 
         One pass over the turns in order; states are created in turn order, so the bucket's
-        layout does not depend on how the work is split.
+        layout does not depend on how the work is split. A turn whose label ``own_intent``
+        accepts files its state under that label, the others under the conversation's intent;
+        a turn missing from the conversation takes the state intent of the turn before it.
         """
         turns = conversation.turns
         order = sorted(turns)
         last_turn = order[-1]
         last = turns[last_turn]
         intent = last.intent  # IAC: the most recent intent is the conversation's
+        state_intents = {
+            turn: record.intent if own_intent(record.intent) else intent
+            for turn, record in turns.items()
+        }
         states = self.states
+        current = intent
         for turn in range(order[0], last_turn + 1):
-            key = (intent, turn if turn < max_turn else max_turn)
+            current = state_intents.get(turn, current)
+            key = (current, turn if turn < max_turn else max_turn)
             sums = states.get(key)
             if sums is None:
                 sums = states[key] = StateSums()
@@ -154,6 +205,7 @@ class Bucket:
                             intent,
                             previous_turn if previous_turn < max_turn else max_turn,
                             record.shared_blocks if record.shared_blocks < blocks else blocks,
+                            state_intents[previous_turn],
                         ),
                     )
                 )
@@ -179,6 +231,7 @@ class StatsWindow:
 
     def __init__(self, config: StatsConfig) -> None:
         self._config = config
+        self._own_intent = own_intent_rule(config.state_intent)
         self.buckets: dict[int, Bucket] = {}
 
     def bucket_index(self, time_s: float) -> int:
@@ -189,7 +242,7 @@ class StatsWindow:
         bucket = self.buckets.get(index)
         if bucket is None:
             bucket = self.buckets[index] = Bucket()
-        bucket.add_conversation(conversation, self._config.max_turn)
+        bucket.add_conversation(conversation, self._config.max_turn, self._own_intent)
 
     def merge(self, other: StatsWindow) -> None:
         """Add another window's buckets (e.g. another instance's partitions)."""

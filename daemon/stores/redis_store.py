@@ -61,6 +61,7 @@ from kvcast.stats.window import (
     MomentSums,
     StateSums,
     StatsWindow,
+    delay_from_row,
     merge_anchored,
 )
 
@@ -119,6 +120,16 @@ def _unavailable(exc: Exception) -> StoreUnavailable:
 def _field(*parts: object) -> bytes:
     """A hash field name of several parts (JSON); the few thousand names in use are cached."""
     return orjson.dumps(parts)
+
+
+def _delay_row(d: DelaySample) -> list[object]:
+    """A delay as stored: the trailing fields left out while they hold their defaults (no
+    shared blocks; the state under the conversation's intent), as ``delay_from_row`` reads."""
+    if d.state_intent != d.intent:
+        return list(d)
+    if d.prev_shared:
+        return [d.delay_s, d.prev_blocks, d.intent, d.turn, d.prev_shared]
+    return [d.delay_s, d.prev_blocks, d.intent, d.turn]
 
 
 class _Increments:
@@ -369,14 +380,7 @@ class RedisStore:
         if bucket.delays:
             pipe.rpush(
                 self.part_key("delays", part, index),
-                orjson.dumps(
-                    [
-                        [d.delay_s, d.prev_blocks, d.intent, d.turn]
-                        if not d.prev_shared
-                        else [d.delay_s, d.prev_blocks, d.intent, d.turn, d.prev_shared]
-                        for d in bucket.delays
-                    ]
-                ),
+                orjson.dumps([_delay_row(d) for d in bucket.delays]),
             )
         if bucket.shared_gaps:
             pipe.rpush(
@@ -525,7 +529,7 @@ def _decode_bucket(
             else:
                 sums.continued = value
     for batch in delay_batches:
-        bucket.delays.extend(DelaySample(*row) for row in orjson.loads(batch))
+        bucket.delays.extend(map(delay_from_row, orjson.loads(batch)))
     for batch in gap_batches:
         bucket.shared_gaps.extend((gap_s, blocks) for gap_s, blocks in orjson.loads(batch))
     return bucket

@@ -717,7 +717,8 @@ typedef struct {
 typedef struct {
     double delay;
     int64_t blocks, turn;
-    int32_t intent;
+    int32_t intent;       /* the conversation's (the forecast's class) */
+    int32_t state_intent; /* of the state it leaves (StatsConfig.state_intent) */
 } DelayE;
 
 /* Per intent in a bucket: positions of its states of turns 1..DIRECT_TURNS and of its
@@ -784,6 +785,9 @@ typedef struct {
     HTable labels;         /* label (its hash) -> id (1..); the str is label_objs[id] */
     PyObject **label_objs; /* id -> first str seen (id 0: unknown_label, borrowed) */
     Py_ssize_t nlabel_objs, caplabel_objs;
+    PyObject *own_intent;  /* window.own_intent_rule(state_intent): label -> bool */
+    uint8_t *own_flags;    /* id -> own_intent(label): its turns key their own state */
+    Py_ssize_t capown_flags;
     int64_t folded;
 
     /* tracker */
@@ -1055,26 +1059,55 @@ window_add(Core *self, const Sess *conv)
         return -1;
     }
 
-    /* States: every turn from the first to the last, keyed (intent, min(turn, max_turn)). */
-    int64_t t = first;
-    int64_t lim = last < max_turn - 1 ? last : max_turn - 1;
-    for (; t <= lim; t++) {
-        StateE *s = bucket_state(b, row, intent, t);
-        if (s == NULL) {
-            return -1;
-        }
-        s->reached++;
-        if (t < last) {
-            s->continued++;
+    /* Whether some turn keys its state by its own intent (StatsConfig.state_intent). */
+    const uint8_t *own = self->own_flags;
+    int any_own = 0;
+    for (Py_ssize_t i = 0; i < n && !any_own; i++) {
+        any_own = own[T[i].intent];
+    }
+    if (any_own) {
+        /* States: every turn from the first to the last, keyed (the turn's state intent,
+           min(turn, max_turn)); a missing turn takes the state intent of the one before. */
+        int32_t current = intent;
+        Py_ssize_t i = 0;
+        for (int64_t t = first; t <= last; t++) {
+            if (T[i].turn == t) {
+                current = own[T[i].intent] ? T[i].intent : intent;
+                i++;
+            }
+            int64_t srow = bucket_row(b, current);
+            StateE *s = srow < 0 ? NULL : bucket_state(b, srow, current, t < max_turn ? t : max_turn);
+            if (s == NULL) {
+                return -1;
+            }
+            s->reached++;
+            if (t < last) {
+                s->continued++;
+            }
         }
     }
-    if (t <= last) { /* turns t..last all share the state max_turn; all but last continue */
-        StateE *s = bucket_state(b, row, intent, max_turn);
-        if (s == NULL) {
-            return -1;
+    else {
+        /* States: every turn from the first to the last, keyed (intent, min(turn, max_turn)). */
+        int64_t t = first;
+        int64_t lim = last < max_turn - 1 ? last : max_turn - 1;
+        for (; t <= lim; t++) {
+            StateE *s = bucket_state(b, row, intent, t);
+            if (s == NULL) {
+                return -1;
+            }
+            s->reached++;
+            if (t < last) {
+                s->continued++;
+            }
         }
-        s->reached += last - t + 1;
-        s->continued += last - t;
+        if (t <= last) { /* turns t..last all share the state max_turn; all but last continue */
+            StateE *s = bucket_state(b, row, intent, max_turn);
+            if (s == NULL) {
+                return -1;
+            }
+            s->reached += last - t + 1;
+            s->continued += last - t;
+        }
     }
 
     /* Delays and the moment sums. */
@@ -1092,6 +1125,7 @@ window_add(Core *self, const Sess *conv)
             d->delay = delay_s >= 0.0 ? delay_s : 0.0;
             d->blocks = blocks;
             d->intent = intent;
+            d->state_intent = own[prev->intent] ? prev->intent : intent;
             d->turn = prev->turn < max_turn ? prev->turn : max_turn;
         }
     }
@@ -1603,11 +1637,17 @@ static inline int
 label_commit(Core *self, int action, PyObject *label, Py_hash_t h, int64_t id)
 {
     if (action == 1) {
-        if (GROW(self->label_objs, self->caplabel_objs, self->nlabel_objs + 1) < 0 ||
+        PyObject *verdict = PyObject_CallOneArg(self->own_intent, label);
+        int own = verdict == NULL ? -1 : PyObject_IsTrue(verdict);
+        Py_XDECREF(verdict);
+        if (own < 0 ||
+            GROW(self->label_objs, self->caplabel_objs, self->nlabel_objs + 1) < 0 ||
+            GROW(self->own_flags, self->capown_flags, self->nlabel_objs + 1) < 0 ||
             ht_reserve1(&self->labels) < 0) {
             return -1;
         }
         Py_INCREF(label);
+        self->own_flags[self->nlabel_objs] = (uint8_t)(own > 0);
         self->label_objs[self->nlabel_objs++] = label;
         ht_insert_reserved(&self->labels, h, id);
     }
@@ -2198,7 +2238,7 @@ export_bucket(Core *self, const Bucket *b)
         const DelayE *d = &b->delays[i];
         /* DelaySample's fifth item, prev_shared, is 0: this engine keeps no shared prefixes
            (replay falls back to Python for events with block_hashes). */
-        PyObject *t = dt->tp_alloc(dt, 5);
+        PyObject *t = dt->tp_alloc(dt, 6);
         if (t == NULL) {
             goto fail;
         }
@@ -2217,6 +2257,7 @@ export_bucket(Core *self, const Bucket *b)
         PyTuple_SET_ITEM(t, 2, label_obj(self, d->intent));
         PyTuple_SET_ITEM(t, 3, tu);
         PyTuple_SET_ITEM(t, 4, PyLong_FromLong(0));
+        PyTuple_SET_ITEM(t, 5, label_obj(self, d->state_intent));
         /* A tuple of atoms can be in no cycle: untracked now, as the collector would untrack
            it at its first look, so that the window's samples do not make a young collection
            walk them all. */
@@ -2413,20 +2454,20 @@ static char *core_kwlist[] = {
     "window_conversations", "window_max_age_s", "bucket_s", "rate_window_s",
     "max_open_conversations", "label_map", "unknown_label", "parse", "rejected", "event_type",
     "delay_type", "decode", "decode_type", "max_event_bytes", "max_future_skew_s", "clock_s",
-    NULL,
+    "own_intent", NULL,
 };
 
 static PyObject *
 core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    PyObject *a[20] = {NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$OOOOOOOOOOOOOOOOOOOO:ReplayCore",
+    PyObject *a[21] = {NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$OOOOOOOOOOOOOOOOOOOOO:ReplayCore",
                                      core_kwlist, &a[0], &a[1], &a[2], &a[3], &a[4], &a[5],
                                      &a[6], &a[7], &a[8], &a[9], &a[10], &a[11], &a[12], &a[13],
-                                     &a[14], &a[15], &a[16], &a[17], &a[18], &a[19])) {
+                                     &a[14], &a[15], &a[16], &a[17], &a[18], &a[19], &a[20])) {
         return NULL;
     }
-    for (int i = 0; i < 20; i++) {
+    for (int i = 0; i < 21; i++) {
         if (a[i] == NULL) {
             PyErr_Format(PyExc_TypeError, "ReplayCore() missing required keyword argument '%s'",
                          core_kwlist[i]);
@@ -2595,6 +2636,18 @@ core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     self->label_objs[0] = self->unknown_label; /* borrowed: id 0 is `unknown` */
     self->nlabel_objs = 1;
+    if (!PyCallable_Check(a[20])) {
+        PyErr_SetString(PyExc_TypeError, "own_intent must be callable");
+        goto fail;
+    }
+    self->own_intent = Py_NewRef(a[20]);
+    PyObject *verdict = PyObject_CallOneArg(self->own_intent, self->unknown_label);
+    int own = verdict == NULL ? -1 : PyObject_IsTrue(verdict);
+    Py_XDECREF(verdict);
+    if (own < 0 || GROW(self->own_flags, self->capown_flags, 1) < 0) {
+        goto fail;
+    }
+    self->own_flags[0] = (uint8_t)own;
     return (PyObject *)self;
 fail:
     Py_DECREF(self);
@@ -2628,7 +2681,7 @@ static const size_t core_refs[] = {
     offsetof(Core, parse),       offsetof(Core, decode),         offsetof(Core, decode_type),
     offsetof(Core, rejected),    offsetof(Core, event_type),     offsetof(Core, delay_type),
     offsetof(Core, unsupported), offsetof(Core, last_rejection), offsetof(Core, reason_index),
-    offsetof(Core, label_map),   offsetof(Core, rejections),
+    offsetof(Core, label_map),   offsetof(Core, rejections),     offsetof(Core, own_intent),
 };
 
 static int
@@ -2672,6 +2725,7 @@ core_dealloc(Core *self)
         Py_CLEAR(self->label_objs[i]);
     }
     free(self->label_objs);
+    free(self->own_flags);
     /* tracker */
     for (Py_ssize_t i = 0; i < self->nsess; i++) {
         free(self->sess[i].kheap);

@@ -30,7 +30,7 @@ from kvcast.stats.engine import EventCounters, Rejection, StatsEngine
 from kvcast.stats.events import MAX_EVENT_BYTES, Event, EventRejected, parse_event
 from kvcast.stats.taxonomy import UNKNOWN
 from kvcast.stats.taxonomy import label_map as taxonomy_label_map
-from kvcast.stats.window import Bucket, DelaySample, MomentSums, StateSums
+from kvcast.stats.window import Bucket, DelaySample, MomentSums, StateSums, own_intent_rule
 
 
 def _shares_blocks(line: bytes) -> bool:
@@ -133,6 +133,7 @@ class NativeReplay:
             rejected=EventRejected,
             event_type=Event,
             delay_type=DelaySample,
+            own_intent=own_intent_rule(config.state_intent),
         )
 
     def offer_lines(self, lines: Iterable[bytes]) -> int:

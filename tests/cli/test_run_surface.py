@@ -67,6 +67,7 @@ SURFACE_TABLE = """
 --min-delay-samples         min_delay_samples           KVCAST_MIN_DELAY_SAMPLES            2
 --shared-index-blocks       shared_index_blocks         KVCAST_SHARED_INDEX_BLOCKS          1000000
 --shared-index-dense-tokens shared_index_dense_tokens   KVCAST_SHARED_INDEX_DENSE_TOKENS    256
+--state-intent              state_intent                KVCAST_STATE_INTENT                 'auto'
 --capacity-blocks           capacity_blocks             KVCAST_CAPACITY_BLOCKS              2275
 --instances                 instances                   KVCAST_INSTANCES                    1
 --kv-bytes-per-token        kv_bytes_per_token          KVCAST_KV_BYTES_PER_TOKEN           -

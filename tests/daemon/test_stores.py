@@ -54,20 +54,28 @@ def store(request: pytest.FixtureRequest) -> Iterator[StateStore]:
 
 
 def log_of(kind: str) -> list[Event]:
-    """A partition's log: ``mixed`` (no block hashes) or ``shared_prefixes`` (block hashes, so
-    the shared-prefix sums, gaps and checkpoints go through the store too)."""
+    """A partition's log: ``mixed`` (no block hashes), ``shared_prefixes`` (block hashes, so
+    the shared-prefix sums, gaps and checkpoints go through the store too) or ``agent`` (agent
+    endings on an epoch clock, so delays whose state intent is not the conversation's do)."""
     if kind == "mixed":
         trace = generate(preset("mixed"), lambda0=1.0, conversations=400, seed=11, prompts=False)
         raws = list(trace.events())
+    elif kind == "agent":  # labelled by the responses' endings: states under their own intent
+        trace = generate(
+            preset("agent"), lambda0=0.05, conversations=25, seed=11, start_time=1.7e9,
+            block_hashes=False,
+        )  # fmt: skip
+        # Six hours of it, so that the whole log stays within the window's maximum age.
+        raws = [raw for raw in trace.events() if raw["timestamp"] < 1.7e9 + 6 * 3600]
     else:
         raws = shared_prefix_events(400, seed=11, rate_per_s=0.2)
     parsed = [parse_event(raw) for raw in raws]
     # A few duplicates, a rejected payload and a late event, as a real log has them.
-    parsed[50:50] = [parsed[40], parsed[41]]
+    parsed[44:44] = [parsed[40], parsed[41]]
     return parsed
 
 
-@pytest.fixture(scope="module", params=["mixed", "shared_prefixes"])
+@pytest.fixture(scope="module", params=["mixed", "shared_prefixes", "agent"])
 def events(request: pytest.FixtureRequest) -> list[Event]:
     return log_of(request.param)
 

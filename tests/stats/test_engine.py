@@ -30,9 +30,15 @@ CONFIG = StatsConfig(
 
 
 def random_events(
-    rng: np.random.Generator, conversations: int, rate: float = 0.5, cached: bool = True
+    rng: np.random.Generator,
+    conversations: int,
+    rate: float = 0.5,
+    cached: bool = True,
+    intents: tuple[str, ...] = INTENTS,
+    skip_turns: bool = False,
 ) -> list[dict]:
-    """Sessions with intents changing over turns, delays well below the completion timeout."""
+    """Sessions with intents changing over turns, delays well below the completion timeout;
+    ``skip_turns``: some turns (never the first) are left out, as a lost event would be."""
     events = []
     start = 1_000.0
     for index in range(conversations):
@@ -41,6 +47,9 @@ def random_events(
         ts, blocks = start, 0
         for turn in range(1, turns + 1):
             blocks += int(rng.integers(1, 5))
+            if skip_turns and turn > 1 and rng.random() < 0.2:
+                ts += rng.lognormal(3.0, 1.0)
+                continue
             input_tokens = (blocks - 1) * 16 + int(rng.integers(1, 17))
             event = {
                 "session_id": f"s{index}",
@@ -48,7 +57,7 @@ def random_events(
                 "timestamp": round(ts, 3),
                 "input_tokens": input_tokens,
                 "output_tokens": int(rng.integers(0, 50)),
-                "intent": INTENTS[int(rng.integers(0, len(INTENTS)))],
+                "intent": intents[int(rng.integers(0, len(intents)))],
             }
             if cached:
                 event["cached_tokens"] = int(rng.integers(0, input_tokens + 1))
@@ -68,6 +77,20 @@ def run(events: list[dict], config: StatsConfig = CONFIG, finish: bool = True) -
     return engine
 
 
+def state_intents(turns: dict[int, dict], mode: str) -> dict[int, str]:
+    """Turn -> the intent its state is filed under (``StatsConfig.state_intent``, SPEC section
+    3), every turn from 1 to the last; a missing turn takes the one before it."""
+    conversation = turns[max(turns)]["intent"]
+    out, current = {}, conversation
+    for t in range(1, max(turns) + 1):
+        if t in turns:
+            own = turns[t]["intent"]
+            keeps_own = mode == "turn" or (mode == "auto" and own.startswith("agent_"))
+            current = own if keeps_own else conversation
+        out[t] = current
+    return out
+
+
 def brute_force(events: list[dict], config: StatsConfig) -> dict:
     """Everything SPEC section 3 defines, straight from the events, no windows or buckets."""
     sessions: dict[str, dict[int, dict]] = defaultdict(dict)
@@ -82,19 +105,23 @@ def brute_force(events: list[dict], config: StatsConfig) -> dict:
         last = max(turns)
         intent = turns[last]["intent"]
         blocks = {t: math.ceil(e["input_tokens"] / config.block_size) for t, e in turns.items()}
+        keyed = state_intents(turns, config.state_intent)
         for t in range(1, last + 1):
-            state = (intent, min(t, config.max_turn))
+            state = (keyed[t], min(t, config.max_turn))
             reached[state] += 1
             continued[state] += t < last
-        for t in range(1, last):
+        observed = sorted(turns)
+        for t in observed[:-1]:
+            if t + 1 not in turns:
+                continue  # a missing turn leaves no measurable delay
             w = turns[t + 1]["timestamp"] - turns[t]["timestamp"]
-            logs[(intent, min(t, config.max_turn))].append(math.log(max(w, 1e-3)))
+            logs[(keyed[t], min(t, config.max_turn))].append(math.log(max(w, 1e-3)))
             delays.append(w)
         moments[intent] += [
             1,
             sum(blocks.values()),
-            sum(blocks[t] for t in range(1, last)),
-            sum(max(blocks[t] - 1, 0) for t in range(1, last)),
+            sum(blocks[t] for t in observed[:-1]),
+            sum(max(blocks[t] - 1, 0) for t in observed[:-1]),
             blocks[last],
             last,
         ]
@@ -155,6 +182,65 @@ def assert_matches_brute_force(snapshot: Snapshot, expected: dict, config: Stats
 def test_every_statistic_matches_brute_force(seed: int) -> None:
     events = random_events(np.random.default_rng(seed), 400)
     assert_matches_brute_force(run(events).snapshot(), brute_force(events, CONFIG), CONFIG)
+
+
+AGENT_MIX = ("agent_tool_call", "agent_stop", "agent_length", "code_generation")
+
+
+@pytest.mark.parametrize("mode", ["auto", "conversation", "turn"])
+@pytest.mark.parametrize("seed", [4, 5])
+def test_every_state_intent_mode_matches_brute_force_with_agent_endings(
+    mode: str, seed: int
+) -> None:
+    """A turn's state takes its own intent (turn; auto: the agent endings only) or the
+    conversation's; the workload moments always take the conversation's."""
+    config = replace(CONFIG, state_intent=mode)
+    events = random_events(np.random.default_rng(seed), 400, intents=AGENT_MIX, skip_turns=True)
+    assert_matches_brute_force(run(events, config).snapshot(), brute_force(events, config), config)
+
+
+def test_auto_separates_a_tool_calls_seconds_from_a_persons_minutes() -> None:
+    """Agent traffic labelled by its endings: the table tells a tool call's wait from a stop's,
+    which filing every turn under the conversation's last ending cannot."""
+    rng = np.random.default_rng(8)
+    events = []
+    for index in range(300):
+        ts = 1.7e9 + 60.0 * index
+        for turn in range(1, 9):
+            ending = "agent_stop" if turn % 4 == 0 else "agent_tool_call"
+            events.append(
+                {"session_id": f"a{index}", "turn": turn, "timestamp": ts, "input_tokens": 4_000,
+                 "output_tokens": 50, "intent": ending}
+            )  # fmt: skip
+            ts += rng.lognormal(math.log(600.0 if ending == "agent_stop" else 8.0), 0.3)
+    events.sort(key=lambda e: e["timestamp"])
+    rows = {
+        mode: {(s.intent, s.turn): s for s in run(events, replace(CONFIG, state_intent=mode))
+               .snapshot().states}
+        for mode in ("auto", "conversation")
+    }  # fmt: skip
+    auto = rows["auto"]
+    assert 6.0 < auto[("agent_tool_call", 1)].median_reuse_s < 11.0
+    assert 450.0 < auto[("agent_stop", 4)].median_reuse_s < 800.0
+    assert auto[("agent_tool_call", 1)].p_continue == 1.0
+    # Filed under the last turn's ending (agent_stop, turn 8), every state mixes both.
+    assert {intent for intent, _ in rows["conversation"]} == {"agent_stop"}
+    assert 6.0 < rows["conversation"][("agent_stop", 1)].median_reuse_s < 11.0
+    assert 450.0 < rows["conversation"][("agent_stop", 4)].median_reuse_s < 800.0
+    assert rows["conversation"][("agent_stop", 5)].median_reuse_s < 11.0
+
+
+def test_the_forecast_keeps_the_conversations_intent_in_every_state_intent_mode() -> None:
+    events = random_events(np.random.default_rng(6), 300, intents=AGENT_MIX, skip_turns=True)
+    samples = [
+        run(events, replace(CONFIG, state_intent=mode)).snapshot().sample
+        for mode in ("auto", "conversation", "turn")
+    ]
+    for sample in samples[1:]:
+        assert sample.intents == samples[0].intents
+        assert sample.by_intent == samples[0].by_intent
+        for column in ("delay_s", "prev_blocks", "intent", "turn", "prev_shared"):
+            assert np.array_equal(getattr(sample, column), getattr(samples[0], column))
 
 
 def test_turns_beyond_max_turn_share_the_last_state() -> None:

@@ -21,12 +21,15 @@ delay_samples = st.builds(
     intent=st.sampled_from(INTENTS),
     turn=st.integers(min_value=1, max_value=32),
     prev_shared=st.integers(min_value=0, max_value=2**62),
+    state_intent=st.sampled_from(INTENTS),
 )
 
 
 @given(st.lists(delay_samples, max_size=60))
 def test_columns_hold_each_sample_field_in_order(samples: list[DelaySample]) -> None:
-    delay_s, prev_blocks, intent, turn, prev_shared = _delay_columns(samples, POSITION)
+    delay_s, prev_blocks, intent, turn, prev_shared, state_intents = _delay_columns(
+        samples, POSITION
+    )
     assert (delay_s.dtype, prev_blocks.dtype, intent.dtype, turn.dtype, prev_shared.dtype) == (
         np.float64,
         np.int64,
@@ -39,6 +42,11 @@ def test_columns_hold_each_sample_field_in_order(samples: list[DelaySample]) -> 
     assert intent.tolist() == [POSITION[s.intent] for s in samples]
     assert turn.tolist() == [s.turn for s in samples]
     assert prev_shared.tolist() == [s.prev_shared for s in samples]
+    # The state intents only where some differ from their conversation's.
+    if all(s.state_intent == s.intent for s in samples):
+        assert state_intents is None
+    else:
+        assert state_intents == [s.state_intent for s in samples]
 
 
 def test_an_empty_window_gives_no_states_and_empty_typed_samples() -> None:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from kvcast.lab.workload.generator import generate
 from kvcast.lab.workload.presets import AGENT_PRESETS, PRESETS, SHARING_PRESETS, preset
-from kvcast.stats.config import StatsConfig
+from kvcast.stats.config import STATE_INTENT_MODES, StatsConfig
 from kvcast.stats.engine import StatsEngine
 from kvcast.stats.labeller import IntentLabeller
 from kvcast.stats.native.replay import NativeReplay, ReplayUnsupported
@@ -204,7 +204,11 @@ def hostile_streams(draw: st.DrawFn) -> tuple[list[bytes], StatsConfig, int]:
                 draw(st.integers(1, 6)),
                 max(0.0, clock + jitter),
                 draw(st.integers(0, 40)),
-                intent=draw(st.sampled_from((None, "chitchat", "code_generation", "unknown"))),
+                intent=draw(
+                    st.sampled_from(
+                        (None, "chitchat", "code_generation", "unknown", *AGENT_INTENTS)
+                    )
+                ),
                 cached=draw(st.none() | st.integers(0, 40)),
                 request_id=draw(st.none() | st.sampled_from(("r1", "r2", "r3"))),
             )
@@ -220,6 +224,7 @@ def hostile_streams(draw: st.DrawFn) -> tuple[list[bytes], StatsConfig, int]:
         rate_window_s=draw(st.integers(1, 3)),
         max_open_conversations=draw(st.integers(1, 6)),
         shared_index_blocks=draw(st.sampled_from((0, 0, 1000))),
+        state_intent=draw(st.sampled_from(STATE_INTENT_MODES)),
     )
     return lines, config, draw(st.integers(1, 40))
 
