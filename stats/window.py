@@ -18,19 +18,19 @@ read by :meth:`StatsWindow.buckets_in_window` is the newest buckets holding at l
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import NamedTuple
 
 from kvcast.stats.config import StatsConfig
-from kvcast.stats.conversations import Conversation
+from kvcast.stats.conversations import Conversation, TurnRecord
 from kvcast.stats.taxonomy import AGENT_INTENTS
 
 StateKey = tuple[str, int]
-# Whether a turn with this intent label files its state under its own intent.
-OwnIntentRule = Callable[[str], bool]
 # tuple.__new__ builds a NamedTuple without the Python-level __new__ (half the cost).
 _new_tuple = tuple.__new__
+_intent_of = attrgetter("intent")
 _floor = math.floor
 
 
@@ -74,23 +74,34 @@ class MomentSums:
         self.shared_born += other.shared_born
 
 
-def _never(label: str) -> bool:
-    return False
+@dataclass(frozen=True, slots=True)
+class OwnIntentRule:
+    """Which turn labels file their state under themselves: those in ``labels``, or every
+    one (``every``). Called on a label, says whether it does."""
 
+    labels: frozenset[str] = frozenset()
+    every: bool = False
 
-def _always(label: str) -> bool:
-    return True
+    def __call__(self, label: str) -> bool:
+        return self.every or label in self.labels
+
+    def any_in(self, turns: Iterable[TurnRecord]) -> bool:
+        """Whether some of these turns' labels file their own state (C-level iteration: this
+        runs once per completed conversation)."""
+        return self.every or (
+            bool(self.labels) and not self.labels.isdisjoint(map(_intent_of, turns))
+        )
 
 
 def own_intent_rule(mode: str) -> OwnIntentRule:
     """``StatsConfig.state_intent`` as a rule on a turn's label: ``conversation`` (never its
     own), ``turn`` (always), ``auto`` (the labels describing one response: the agent endings)."""
     if mode == "conversation":
-        return _never
+        return OwnIntentRule()
     if mode == "turn":
-        return _always
+        return OwnIntentRule(every=True)
     if mode == "auto":
-        return AGENT_INTENTS.__contains__
+        return OwnIntentRule(frozenset(AGENT_INTENTS))
     raise ValueError(f"state_intent must be auto, conversation or turn, got {mode!r}")
 
 
@@ -163,14 +174,18 @@ class Bucket:
         last_turn = order[-1]
         last = turns[last_turn]
         intent = last.intent  # IAC: the most recent intent is the conversation's
-        state_intents = {
-            turn: record.intent if own_intent(record.intent) else intent
-            for turn, record in turns.items()
-        }
+        # Most conversations have no turn that files its own state: then every state takes the
+        # conversation's intent and no turn is looked up (checked in C: this is the hot path).
+        state_intents = (
+            {turn: r.intent if own_intent(r.intent) else intent for turn, r in turns.items()}
+            if own_intent.any_in(turns.values())
+            else None
+        )
         states = self.states
         current = intent
         for turn in range(order[0], last_turn + 1):
-            current = state_intents.get(turn, current)
+            if state_intents is not None:
+                current = state_intents.get(turn, current)
             key = (current, turn if turn < max_turn else max_turn)
             sums = states.get(key)
             if sums is None:
@@ -205,7 +220,7 @@ class Bucket:
                             intent,
                             previous_turn if previous_turn < max_turn else max_turn,
                             record.shared_blocks if record.shared_blocks < blocks else blocks,
-                            state_intents[previous_turn],
+                            intent if state_intents is None else state_intents[previous_turn],
                         ),
                     )
                 )
