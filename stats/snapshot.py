@@ -130,11 +130,7 @@ def take_snapshot(
     )
     # The table's fits group the delays by state; where a state's intent is not always its
     # conversation's (``state_intent``), by the state intents, in the same (turn, delay) order.
-    fits = (
-        None
-        if state_intents is None
-        else _state_intent_fits(delay_s, turn, state_intents, total.states)
-    )
+    fits = None if state_intents is None else _state_intent_fits(delay_s, turn, state_intents)
     # Canonical order: the result must not depend on the order conversations completed in.
     order = np.lexsort((prev_shared, prev_blocks, delay_s, turn, intent))
     delay_s, prev_blocks, intent, turn, prev_shared = (
@@ -212,13 +208,10 @@ def _shared_reuse(gaps_s: np.ndarray, blocks: np.ndarray, lives: float) -> Share
 
 
 def _state_intent_fits(
-    delay_s: np.ndarray,
-    turn: np.ndarray,
-    state_intents: list[str],
-    states: dict[tuple[str, int], StateSums],
+    delay_s: np.ndarray, turn: np.ndarray, state_intents: list[str]
 ) -> dict[tuple[str, int], tuple[int, float, float]]:
     """:func:`_log_delay_fits` keyed by each delay's state intent (unsorted columns)."""
-    names = tuple(sorted({name for name, _ in states} | set(state_intents)))
+    names = tuple(sorted(set(state_intents)))
     position = {name: index for index, name in enumerate(names)}
     state = np.fromiter(map(position.__getitem__, state_intents), np.int32, len(state_intents))
     order = np.lexsort((delay_s, turn, state))
