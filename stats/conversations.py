@@ -263,6 +263,10 @@ class ConversationTracker:
         held = None
         restarted = False
         if hashes:
+            if conversation is not None:
+                # The conversation's own id object: the index compares a block's owner with it,
+                # and the same object compares without reading either string.
+                session_id = conversation.session_id
             newest = conversation is None or event.turn >= max(conversation.turns)
             if (
                 conversation is not None
@@ -274,7 +278,7 @@ class ConversationTracker:
                 self._release(open_.pop(session_id), completed)
                 conversation = None
                 restarted = True
-            run, held = self.shared_index.observe(
+            (shared, gaps, born), held = self.shared_index.observe(
                 session_id,
                 timestamp,
                 hashes,
@@ -282,9 +286,10 @@ class ConversationTracker:
                 self._last_seen,
                 newest,
             )
-            shared = run.blocks if run.blocks < blocks else blocks
+            if shared > blocks:
+                shared = blocks
             record = _new_tuple(
-                TurnRecord, (timestamp, blocks, input_tokens, intent, shared, run.gaps, run.born)
+                TurnRecord, (timestamp, blocks, input_tokens, intent, shared, gaps, born)
             )
         else:
             record = _new_tuple(TurnRecord, (timestamp, blocks, input_tokens, intent, 0, (), 0))

@@ -195,16 +195,22 @@ class Bucket:
                 sums.continued += 1
         sum_H = sum_H_hash = 0
         delays = self.delays
+        shared_gaps = self.shared_gaps
         previous_turn = order[0]
         previous = turns[previous_turn]
-        sum_S = shared_born = 0
-        for record in turns.values():
-            if record.shared_blocks:
-                sum_S += record.shared_blocks
-                shared_born += record.shared_born
-                self.shared_gaps.extend(record.shared_gaps)
+        # The shared blocks' sums and gaps, in turn order, in the same pass as the delays.
+        sum_S = previous.shared_blocks
+        shared_born = 0
+        if sum_S:
+            shared_born = previous.shared_born
+            shared_gaps.extend(previous.shared_gaps)
         for turn in order[1:]:
             record = turns[turn]
+            shared = record.shared_blocks
+            if shared:
+                sum_S += shared
+                shared_born += record.shared_born
+                shared_gaps.extend(record.shared_gaps)
             blocks = previous.blocks
             sum_H += blocks
             if blocks > 1:
@@ -219,7 +225,7 @@ class Bucket:
                             blocks,
                             intent,
                             previous_turn if previous_turn < max_turn else max_turn,
-                            record.shared_blocks if record.shared_blocks < blocks else blocks,
+                            shared if shared < blocks else blocks,
                             intent if state_intents is None else state_intents[previous_turn],
                         ),
                     )

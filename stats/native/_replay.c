@@ -3742,22 +3742,40 @@ sp_release(Sp *self, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        SpKey k;
-        Py_ssize_t slot;
-        if (sp_key(items[i], &k) < 0) {
-            goto fail;
+    /* A completed conversation's blocks are cold: each lookup misses on its index slot and
+       on its entry.  A batch's keys are hashed first and their first slots fetched, then
+       their entries, so that the misses overlap instead of queueing one after another. */
+    enum { BATCH = 16 };
+    SpKey keys[BATCH];
+    for (Py_ssize_t start = 0; start < n; start += BATCH) {
+        Py_ssize_t count = n - start < BATCH ? n - start : BATCH;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            if (sp_key(items[start + i], &keys[i]) < 0) {
+                goto fail;
+            }
+            if (self->slots != NULL) {
+                __builtin_prefetch(&self->slots[(size_t)keys[i].hash & (size_t)self->slot_mask]);
+            }
         }
-        Py_ssize_t e = sp_find(self, &k, &slot);
-        if (e == -2) {
-            goto fail;
+        for (Py_ssize_t i = 0; i < count && self->slots != NULL; i++) {
+            Py_ssize_t e = self->slots[(size_t)keys[i].hash & (size_t)self->slot_mask].e;
+            if (e >= 0) {
+                __builtin_prefetch(&self->blk[e]);
+            }
         }
-        int ours = e >= 0 ? sp_owned_by(self, e, args[0]) : 0;
-        if (ours < 0) {
-            goto fail;
-        }
-        if (ours) {
-            sp_remove(self, e, slot);
+        for (Py_ssize_t i = 0; i < count; i++) {
+            Py_ssize_t slot;
+            Py_ssize_t e = sp_find(self, &keys[i], &slot);
+            if (e == -2) {
+                goto fail;
+            }
+            int ours = e >= 0 ? sp_owned_by(self, e, args[0]) : 0;
+            if (ours < 0) {
+                goto fail;
+            }
+            if (ours) {
+                sp_remove(self, e, slot);
+            }
         }
     }
     Py_DECREF(seq);

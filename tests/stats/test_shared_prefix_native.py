@@ -178,6 +178,30 @@ def test_continues_agrees_on_any_ids(cases: list[tuple[list, list]], dense: int)
         pair.call("continues", hashes, tuple(held))
 
 
+class _IntId(int):
+    """An int that is not an exact int: the C index's general path (``hash()``, ``==``)."""
+
+
+_EDGES = [0, 1, -1, -2, 2**30 - 1, 2**30, 2**60, 2**61 - 2, 2**61 - 1, 2**61, 2**62, 2**63 - 1]
+WIDE_IDS = st.one_of(
+    st.sampled_from(_EDGES + [-v for v in _EDGES] + [2**63, 2**64 - 1, -(2**63)]),
+    st.integers(-(2**64), 2**64),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(WIDE_IDS, min_size=1, max_size=40, unique=True))
+def test_a_wide_int_is_the_same_block_as_an_equal_int_hashed_by_python(ids: list[int]) -> None:
+    """Block ids are 64-bit hashes, signed or not: the C index compares two exact ints by
+    value and anything else with ``==``, so an equal id of another int type (a subclass here)
+    is the same block at every width, the edges of ``hash()``'s modulus included."""
+    pair = Pair(1000, 30.0, 10**9)
+    pair.request("exact", 1.0, list(ids), True)
+    pair.request("general", 2.0, [_IntId(v) for v in ids], True)
+    run, _ = pair.c.observe("third", 3.0, list(ids), (), lambda _: 2.0)
+    assert run.blocks == len(ids)
+
+
 def test_the_tracker_uses_the_c_index_where_it_is_built() -> None:
     assert SharedPrefixIndex is NativeSharedPrefixIndex
     assert isinstance(conversations.ConversationTracker(StatsConfig()).shared_index,
