@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvcast.stats.forecast import Forecast, RequiredCapacity
+from kvcast.stats.forecast_result import Forecast, RequiredCapacity
 
 __all__ = [
     "DocumentError",
@@ -126,8 +126,9 @@ class ShadowCurve:
 
 @dataclass(frozen=True)
 class ForecastDocument:
-    """The forecast the daemon publishes: the model's :class:`~kvcast.stats.forecast.Forecast`
-    (with its curve and tiers) and what the refresh adds to it.
+    """The forecast the daemon publishes: the model's
+    :class:`~kvcast.stats.forecast_result.Forecast` (with its curve and tiers) and what the
+    refresh adds to it.
 
     ``required_capacity_by_target``: the capacity per instance for each configured target
     (``--target-hit-ratio``), in that order; ``event_time``: the newest event time of the
