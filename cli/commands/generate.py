@@ -10,7 +10,8 @@ import click
 import orjson
 
 from kvcast.cli.options import Floats, Ints, block_size_option
-from kvcast.lab.workload.generator import generate, ground_truth, unbounded_hit_ratio
+from kvcast.lab.workload.generator import generate, unbounded_hit_ratio
+from kvcast.lab.workload.model import ground_truth
 from kvcast.lab.workload.presets import PRESETS, preset
 
 _CHUNK = 4096

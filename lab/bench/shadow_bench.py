@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 
 from kvcast.lab.sim.block_policies import lru_block
-from kvcast.lab.workload.generator import Trace, generate
+from kvcast.lab.workload.generator import generate
 from kvcast.lab.workload.presets import preset
+from kvcast.lab.workload.trace import Trace
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.events import Event
 from kvcast.stats.partition import PartitionEngine

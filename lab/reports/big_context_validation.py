@@ -23,7 +23,8 @@ import numpy as np
 
 from kvcast.lab.sim.registry import get_policy
 from kvcast.lab.workload.agent import TurnLaw
-from kvcast.lab.workload.generator import IntentModel, WorkloadModel, generate
+from kvcast.lab.workload.generator import generate
+from kvcast.lab.workload.model import IntentModel, WorkloadModel
 from kvcast.lab.workload.presets import agent
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.engine import StatsEngine

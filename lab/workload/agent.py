@@ -2,7 +2,7 @@
 
 An agent conversation is a loop of requests whose context grows turn by turn. Every
 conversation (a *root*) opens with the same system-plus-tools prefix of ``prefix_tokens``
-(shared by all conversations: a :class:`~kvcast.lab.workload.generator.SharedPrefix`), then:
+(shared by all conversations: a :class:`~kvcast.lab.workload.model.SharedPrefix`), then:
 
 1. **Requests per conversation** ``M`` follow a :class:`TurnLaw`: given by its quartiles
    (log-linear between them) and a Pareto tail above the upper one, capped.
@@ -32,16 +32,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 
 from kvcast.lab.workload import generator as gen
-from kvcast.lab.workload.generator import Delay, DrawOptions
-
-if TYPE_CHECKING:
-    from kvcast.lab.workload.generator import Trace
+from kvcast.lab.workload.model import Delay, DrawOptions, Segment, SharedPrefix, Sharing
+from kvcast.lab.workload.trace import Lineage, Trace
 
 
 @dataclass(frozen=True)
@@ -312,7 +309,7 @@ def generate_agent(
     ids = None
     if options.block_hashes:
         ids = _ids(am, seed, bs, conv_row, epoch, blocks, order, parent, parent_row, base)
-    return gen.Trace(
+    return Trace(
         conversation=conv_row[order],
         turn=turn_row[order],
         timestamp=ts[order],
@@ -327,7 +324,7 @@ def generate_agent(
         prompt_choice=None if choice is None else choice[order],
         meta={**options.meta, "compactions": int(np.count_nonzero(np.diff(epoch) > 0))},
         block_ids=ids,
-        lineage=gen.Lineage(prefix, parent, parent_turn, base),
+        lineage=Lineage(prefix, parent, parent_turn, base),
     )
 
 
@@ -358,8 +355,8 @@ def _ids(
     c_prefix = np.full(chains, -1, np.int64)
     c_base = np.zeros(chains, np.int64)
     if prefix_blocks > 0:
-        segment = gen.Segment(am.prefix_name, prefix_blocks)
-        sharing = gen.Sharing(prefixes=(gen.SharedPrefix((segment,), 1.0),))
+        segment = Segment(am.prefix_name, prefix_blocks)
+        sharing = Sharing(prefixes=(SharedPrefix((segment,), 1.0),))
         c_prefix[:] = 0
         c_base[:] = prefix_blocks
     # A sub-agent's epoch-0 chain continues the chain of its parent's request k.

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from kvcast.lab.workload.agent import AgentModel, Ending, LogNormalSize, TurnLaw
-from kvcast.lab.workload.generator import (
+from kvcast.lab.workload.model import (
     Branching,
     Delay,
     IntentModel,

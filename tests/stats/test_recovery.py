@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from kvcast.lab.workload.generator import generate, ground_truth
+from kvcast.lab.workload.generator import generate
+from kvcast.lab.workload.model import ground_truth
 from kvcast.lab.workload.presets import preset
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.engine import StatsEngine

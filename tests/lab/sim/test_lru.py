@@ -14,7 +14,8 @@ from kvcast.lab.sim.lru import lru_conversation_hits
 from kvcast.lab.sim.measurement import measured_conversations, measured_requests
 from kvcast.lab.sim.registry import POLICIES, PolicyUnavailable, get_policy, simulate
 from kvcast.lab.sim.trace import SimTrace
-from kvcast.lab.workload.generator import generate, ground_truth
+from kvcast.lab.workload.generator import generate
+from kvcast.lab.workload.model import ground_truth
 from kvcast.lab.workload.presets import preset
 
 

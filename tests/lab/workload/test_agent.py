@@ -17,8 +17,10 @@ import pytest
 from scipy.special import ndtr
 
 from kvcast.lab.workload.agent import TurnLaw
-from kvcast.lab.workload.generator import Trace, generate, ground_truth
+from kvcast.lab.workload.generator import generate
+from kvcast.lab.workload.model import ground_truth
 from kvcast.lab.workload.presets import AGENT_INTENTS, agent_model, preset
+from kvcast.lab.workload.trace import Trace
 from kvcast.stats.events import parse_event
 
 ROOTS = 10_000  # ~0.75 M requests: the quantiles' standard errors are ~3%

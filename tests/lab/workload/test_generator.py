@@ -10,7 +10,8 @@ import orjson
 import pytest
 
 from kvcast.lab.sim.lru import lru_conversation_hits
-from kvcast.lab.workload.generator import Delay, IntentModel, WorkloadModel, generate, ground_truth
+from kvcast.lab.workload.generator import generate
+from kvcast.lab.workload.model import Delay, IntentModel, WorkloadModel, ground_truth
 from kvcast.lab.workload.presets import AGENT_PRESETS, PRESETS, preset
 from kvcast.stats.events import parse_event
 

@@ -20,19 +20,18 @@ from kvcast.cli.main import cli
 from kvcast.lab.sim.block_policies import lru_block
 from kvcast.lab.sim.registry import simulate
 from kvcast.lab.sim.trace import SimTrace
-from kvcast.lab.workload.generator import (
+from kvcast.lab.workload.generator import generate, unbounded_hit_ratio
+from kvcast.lab.workload.model import (
     Branching,
     Delay,
     IntentModel,
     Segment,
     SharedPrefix,
     Sharing,
-    Trace,
     WorkloadModel,
-    generate,
-    unbounded_hit_ratio,
 )
 from kvcast.lab.workload.presets import SHARING_PRESETS, preset
+from kvcast.lab.workload.trace import Trace
 from kvcast.stats.events import parse_event
 
 BS = 16
