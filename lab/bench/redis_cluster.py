@@ -63,6 +63,12 @@ class _LocalServers:
         except (redis.RedisError, OSError):
             return False
 
+    def _replication_up(self, port: int) -> bool:
+        """A master, or a replica whose link to its master is up (``INFO replication``)."""
+        with self.client(port) as client:
+            replication = client.info("replication")
+        return replication.get("role") == "master" or replication.get("master_link_status") == "up"
+
     def stop(self) -> None:
         for process in self.processes.values():
             if process.poll() is None:
@@ -139,11 +145,21 @@ class LocalRedisCluster(_LocalServers):
         return dict(line.split(":", 1) for line in text.split() if ":" in line)
 
     def _ready(self) -> bool:
-        """Every live node says cluster_state:ok and agrees on every master's slots."""
+        """Every live node says cluster_state:ok and agrees on every master's slots, and every
+        live replica's link to its master is up.
+
+        The last, because a replica that has not yet synchronised with its master refuses to
+        take over when that master dies ("Disconnected from master for longer than allowed",
+        ``cluster-replica-validity-factor``): a master killed a second after ``cluster
+        create`` stayed failed for good, and a test that ran first in its session failed."""
         try:
             live = [p for p, proc in self.processes.items() if proc.poll() is None]
             views = {tuple(sorted(self.slot_owners(p).items())) for p in live}
-            return all(self.info(p).get("cluster_state") == "ok" for p in live) and len(views) == 1
+            return (
+                all(self.info(p).get("cluster_state") == "ok" for p in live)
+                and len(views) == 1
+                and all(self._replication_up(p) for p in live)
+            )
         except Exception:  # a node still starting or being reconfigured: not ready yet
             return False
 
@@ -319,9 +335,13 @@ class LocalSentinel(_LocalServers):
         return int(port)
 
     def _replicas_known(self) -> bool:
+        """The sentinel knows every replica, and each has synchronised with the master (one
+        that has not would lose the writes before the failover)."""
         with self.client(self.sentinel_port) as client:
             replicas = client.execute_command("SENTINEL", "REPLICAS", self.service)
-        return len(replicas) == len(self.data_ports) - 1
+        return len(replicas) == len(self.data_ports) - 1 and all(
+            self._replication_up(port) for port in self.data_ports
+        )
 
     def failover(self, timeout_s: float = 30) -> int:
         """``SENTINEL FAILOVER``: a replica becomes the master; its port once it serves writes."""
