@@ -1,12 +1,14 @@
 """Validation of the tiered forecast against the tiered block simulator (docs/validation.md).
 
-For every workload of the sharing validation (the generator's sharing presets, the conversation
-preset ``mixed`` and the Mooncake synthetic trace in ``data/traces/``), the events go through the
-product's statistics path (``sample_from_events``, as ``kvcast.lab.reports.sharing_validation``
-does) and ``forecast_from_sample`` gives each tier's share of the input blocks at a grid of
-(GPU, host) capacities, both tier modes; the tiered LRU block cache
-(``kvcast.lab.sim.tiered_cache``, what ``kvcast simulate --granularity block --tier host=N2``
-runs) measures the same on the same requests. Errors are forecast minus simulation, per tier.
+For every generator preset (the sharing presets, the conversation presets ``mixed``, ``single``
+and ``lognormal``, and ``agent`` with its own blocks, rate and capacities) and the Mooncake
+synthetic trace in ``data/traces/``, the events go through the product's statistics path
+(``sample_from_events``, as ``kvcast.lab.reports.sharing_validation`` does; ``agent``'s steady
+part, as ``kvcast.lab.reports.big_context_validation`` does) and ``forecast_from_sample`` gives
+each tier's share of the input blocks at a grid of (GPU, host) capacities, both tier modes; the
+tiered LRU block cache (``kvcast.lab.sim.tiered_cache``, what ``kvcast simulate --granularity
+block --tier host=N2`` runs) measures the same on the same requests. Errors are forecast minus
+simulation, per tier.
 
 ``python -m kvcast.lab.reports.tier_validation [--quick] [--markdown F] [--json F]
 [--plot docs/validation_tiers.png] [--jobs N]``
@@ -20,15 +22,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from kvcast.lab.reports.tasks import report_main, run_per_workload
-from kvcast.lab.reports.workloads import DEFAULT_MOONCAKE, generated_workload, mooncake_workload
+from kvcast.lab.reports.workloads import (
+    AGENT_DURATION_S,
+    DEFAULT_MOONCAKE,
+    ValidationWorkload,
+    agent_workload,
+    generated_workload,
+    mooncake_workload,
+)
 from kvcast.lab.sim.block_cache import block_layout
 from kvcast.lab.sim.tiered_cache import measure_tiers, tiered_block_hits
-from kvcast.lab.sim.trace import SimTrace
 from kvcast.lab.workload.presets import SHARING_PRESETS
 from kvcast.stats.forecast import forecast_from_sample
-from kvcast.stats.sample import WorkloadSample
 from kvcast.stats.tiers import TIER_MODES, Tier
 
 TARGET = 0.02  # |forecast - simulation| per tier (issue 34's done-when)
@@ -38,11 +46,16 @@ TARGET = 0.02  # |forecast - simulation| per tier (issue 34's done-when)
 class TierGrid:
     """Workloads and the (GPU, host) capacities (blocks) of the tier validation."""
 
-    presets: tuple[str, ...] = (*SHARING_PRESETS, "mixed")
+    presets: tuple[str, ...] = (*SHARING_PRESETS, "mixed", "single", "lognormal", "agent")
     lambda0: float = 0.5
     duration_s: float = 40_000.0
     gpu: tuple[int, ...] = (1000, 2000, 4000)
     host: tuple[int, ...] = (4000, 8000, 16000)  # >= every GPU size: inclusive is defined
+    # The `agent` preset's own (1,024-token blocks, contexts of ~137 blocks on average):
+    # from two contexts' worth of GPU blocks to a host tier of ~30 contexts.
+    agent_gpu: tuple[int, ...] = (250, 500, 1000)
+    agent_host: tuple[int, ...] = (1000, 2000, 4000)
+    agent_duration_s: float = AGENT_DURATION_S
     modes: tuple[str, ...] = TIER_MODES
     mooncake: str | None = str(DEFAULT_MOONCAKE)
     block_size: int = 16
@@ -141,24 +154,41 @@ class TierReport:
         return "\n".join(lines)
 
 
+def _simulated_shares(
+    w: ValidationWorkload,
+    served: NDArray[np.int64],
+    caps: list[int],
+    mode: str,
+    measured: tuple[float, float],
+) -> tuple[float, float]:
+    """Each tier's share of the measured requests' input blocks."""
+    steady = w.steady_requests()
+    if steady is None:
+        sim = measure_tiers(w.trace, served, ["gpu", "host"], caps, mode, *measured)
+        return sim.tiers[0].hit_ratio, sim.tiers[1].hit_ratio
+    total = int(w.trace.blocks[steady].sum())
+    gpu, host = (int(v) for v in served[steady].sum(axis=0))
+    return gpu / total, host / total
+
+
 def _points(
     name: str,
-    sample: WorkloadSample,
-    trace: SimTrace,
+    w: ValidationWorkload,
     grid: TierGrid,
-    block_size: int,
     measured: tuple[float, float],
+    gpus: tuple[int, ...],
+    hosts: tuple[int, ...],
 ) -> list[TierPoint]:
-    layout = block_layout(trace)  # one layout for every run on this trace
+    layout = block_layout(w.trace)  # one layout for every run on this trace
     out = []
     for mode in grid.modes:
-        for gpu in grid.gpu:
-            for host in grid.host:
+        for gpu in gpus:
+            for host in hosts:
                 caps = [gpu, host]
-                served = tiered_block_hits(trace, caps, mode, layout=layout)
-                sim = measure_tiers(trace, served, ["gpu", "host"], caps, mode, *measured)
+                served = tiered_block_hits(w.trace, caps, mode, layout=layout)
+                simulated_gpu, simulated_host = _simulated_shares(w, served, caps, mode, measured)
                 f = forecast_from_sample(
-                    sample, gpu, block_size, tiers=[Tier("host", host)], tier_mode=mode
+                    w.sample, gpu, w.block_size, tiers=[Tier("host", host)], tier_mode=mode
                 )
                 out.append(
                     TierPoint(
@@ -166,8 +196,8 @@ def _points(
                         mode=mode,
                         gpu_blocks=gpu,
                         host_blocks=host,
-                        simulated_gpu=sim.tiers[0].hit_ratio,
-                        simulated_host=sim.tiers[1].hit_ratio,
+                        simulated_gpu=simulated_gpu,
+                        simulated_host=simulated_host,
                         forecast_gpu=float(f.tiers[0].hit_ratio or 0.0),
                         forecast_host=float(f.tiers[1].hit_ratio or 0.0),
                     )
@@ -176,8 +206,11 @@ def _points(
 
 
 def evaluate_preset(name: str, grid: TierGrid) -> list[TierPoint]:
+    if name == "agent":
+        w = agent_workload(grid.agent_duration_s)
+        return _points(name, w, grid, w.measured, grid.agent_gpu, grid.agent_host)
     w = generated_workload(name, grid)
-    return _points(name, w.sample, w.trace, grid, w.block_size, w.measured)
+    return _points(name, w, grid, w.measured, grid.gpu, grid.host)
 
 
 def evaluate_mooncake(path: str, grid: TierGrid) -> list[TierPoint]:
@@ -186,8 +219,8 @@ def evaluate_mooncake(path: str, grid: TierGrid) -> list[TierPoint]:
     # is measured both as the other workloads are and whole (the conversations its statistics
     # come from).
     name = "mooncake synthetic"
-    return _points(name, w.sample, w.trace, grid, w.block_size, w.measured) + _points(
-        f"{name}, measured whole", w.sample, w.trace, grid, w.block_size, (0.0, 0.0)
+    return _points(name, w, grid, w.measured, grid.gpu, grid.host) + _points(
+        f"{name}, measured whole", w, grid, (0.0, 0.0), grid.gpu, grid.host
     )
 
 

@@ -9,12 +9,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
+from numpy.typing import NDArray
+
+from kvcast.lab.reports.big_context_validation import BLOCK_SIZE as AGENT_BLOCK_SIZE
+from kvcast.lab.reports.big_context_validation import steady_sample
 from kvcast.lab.reports.validation import sample_from_events
 from kvcast.lab.sim.trace import SimTrace
 from kvcast.lab.traces.mooncake import BLOCK_SIZE as MOONCAKE_BLOCK_SIZE
 from kvcast.lab.traces.mooncake import convert_mooncake
 from kvcast.lab.workload.generator import generate
-from kvcast.lab.workload.presets import preset
+from kvcast.lab.workload.presets import agent, preset
 from kvcast.stats.sample import WorkloadSample
 
 DEFAULT_MOONCAKE = (
@@ -35,13 +40,31 @@ class GeneratorGrid(Protocol):
 @dataclass(frozen=True)
 class ValidationWorkload:
     """One workload: its events, the statistics' sample of them, the simulator's trace, its
-    block size (tokens) and the simulation's warm-up and cool-down fractions."""
+    block size (tokens) and the simulation's warm-up and cool-down fractions (of the span of
+    first-turn times: whole conversations), or ``steady_s``, the event times (s) between
+    which every request is measured instead."""
 
     events: list[dict[str, Any]]
     sample: WorkloadSample
     trace: SimTrace
     block_size: int
     measured: tuple[float, float]
+    steady_s: tuple[float, float] | None = None
+
+    def steady_requests(self) -> NDArray[np.bool_] | None:
+        """The requests measured by ``steady_s`` (None: whole conversations instead)."""
+        if self.steady_s is None:
+            return None
+        start, end = self.steady_s
+        return (self.trace.timestamp >= start) & (self.trace.timestamp < end)
+
+
+# The `agent` preset as docs/validation.md validates it ("Agent traffic"): coding-agent
+# conversations run for hours, so its statistics and its measurement are the requests from a
+# third of the arrival window to its end (a steady stream), not whole conversations.
+AGENT_LAMBDA0 = 0.01  # conversations/s
+AGENT_DURATION_S = 120_000.0
+AGENT_SEED = 1
 
 
 def steady_rate(events: Sequence[dict[str, Any]], duration_s: float) -> float:
@@ -78,3 +101,21 @@ def mooncake_workload(path: str | Path) -> ValidationWorkload:
     sample = sample_from_events(events, MOONCAKE_BLOCK_SIZE)
     trace = SimTrace.from_event_dicts(events, MOONCAKE_BLOCK_SIZE)
     return ValidationWorkload(events, sample, trace, MOONCAKE_BLOCK_SIZE, (0.2, 0.2))
+
+
+def agent_workload(duration_s: float = AGENT_DURATION_S) -> ValidationWorkload:
+    """The ``agent`` preset (1,024-token blocks), its statistics and its measurement over the
+    steady part of the stream, ``[duration_s / 3, duration_s)``."""
+    trace = generate(
+        agent(),
+        lambda0=AGENT_LAMBDA0,
+        duration_s=duration_s,
+        seed=AGENT_SEED,
+        block_size=AGENT_BLOCK_SIZE,
+    )
+    events = list(trace.events())
+    steady = (duration_s / 3, duration_s)
+    sample = steady_sample(events, *steady)
+    return ValidationWorkload(
+        events, sample, trace.sim_trace(), AGENT_BLOCK_SIZE, (0.0, 0.0), steady_s=steady
+    )

@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from kvcast.lab.reports.tier_validation import TierGrid, TierPoint, TierReport, main
+from kvcast.lab.reports.tier_validation import (
+    TierGrid,
+    TierPoint,
+    TierReport,
+    evaluate_preset,
+    main,
+)
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +68,21 @@ def test_the_files_and_the_exit_code(outputs: tuple[int, Path], report: TierRepo
     assert "| shared_system | exclusive | 300 | 1,200 |" in text
     assert "max abs error per tier" in text
     assert (out / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_agent_preset_is_measured_over_its_steady_stream_as_one_stack() -> None:
+    """``agent`` is measured by the requests of its steady part (its conversations run for
+    hours), at capacities of its own. Exclusive tiers are one LRU of their summed capacity, so
+    on those requests the stack (100 + 200 blocks) serves what a 300-block GPU tier does, in
+    the simulation and in the forecast."""
+    grid = TierGrid(
+        modes=("exclusive",), agent_gpu=(100, 300), agent_host=(200,), agent_duration_s=6_000.0
+    )
+    points = {
+        (p.mode, p.gpu_blocks): p for p in evaluate_preset("agent", grid) if p.workload == "agent"
+    }
+    assert set(points) == {(m, g) for m in grid.modes for g in (100, 300)}
+    stack, alone = points[("exclusive", 100)], points[("exclusive", 300)]
+    assert stack.simulated_gpu + stack.simulated_host == pytest.approx(alone.simulated_gpu)
+    assert stack.forecast_gpu + stack.forecast_host == pytest.approx(alone.forecast_gpu)
+    assert 0 < stack.simulated_gpu < alone.simulated_gpu < 1
