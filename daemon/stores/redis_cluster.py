@@ -93,7 +93,14 @@ class _Cluster(RedisCluster):
     """RedisCluster whose transactions redis-py never re-sends by itself: after a lost
     connection it would send the MULTI/EXEC again on a new one, without the WATCH, and a
     commit whose EXEC had been applied would be applied twice. The store retries instead,
-    re-checking the partition's offset."""
+    re-checking the partition's offset.
+
+    Each transaction is a new pipeline, whose count of errors starts at 0: with redis-py's
+    ``reinitialize_steps`` (5) a transaction's connection error never asked for a new slot
+    map, and after a failover every commit to the dead master's slots was refused until
+    something else refreshed it (forever, where the namespace's other keys live elsewhere).
+    A transaction asks at its first error (``reinitialize_steps`` 1); redis-py runs the
+    refresh at the next attempt, at most once a second."""
 
     def pipeline(self, transaction: bool | None = None, shard_hint: Any = None) -> Any:
         if not transaction:
@@ -106,7 +113,7 @@ class _Cluster(RedisCluster):
             cluster_response_callbacks=self.cluster_response_callbacks,
             read_from_replicas=self.read_from_replicas,
             load_balancing_strategy=self.load_balancing_strategy,
-            reinitialize_steps=self.reinitialize_steps,
+            reinitialize_steps=1,
             retry=Retry(NoBackoff(), 0),
             lock=self._lock,
             transaction=True,

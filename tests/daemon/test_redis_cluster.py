@@ -25,7 +25,7 @@ from kvcast.lab.workload.presets import preset
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.engine import StatsEngine
 from kvcast.stats.events import Event, parse_event
-from kvcast.stats.partition import PartitionCheckpoint, PartitionEngine
+from kvcast.stats.partition import PartitionCheckpoint, PartitionDelta, PartitionEngine
 from kvcast.stats.snapshot import take_snapshot
 from tests.support import canonical
 
@@ -354,6 +354,53 @@ def test_a_master_killed_mid_stream_changes_no_statistic(
     finally:
         store.close()
         if "killed" in ports:  # the session's cluster back to a replica per master
+            redis_cluster.revive(ports["killed"])
+
+
+def test_commits_follow_the_replica_that_took_over_with_nothing_else_to_refresh_the_map(
+    redis_cluster, redis_cluster_namespace, events
+):
+    """A partition whose master dies, in a namespace whose other keys live on other masters:
+    nothing but the partition's own commits meets the dead node, so they alone must make the
+    client read the new slot map. Before, each commit was a new pipeline whose error count
+    never reached redis-py's refresh threshold, and every commit was refused for good
+    (reproduced: still refused 30 s after the takeover). The delta refused meanwhile is then
+    committed as it was."""
+    namespace = redis_cluster_namespace
+    store = open_store(redis_cluster.url, namespace)
+    parts_master = redis_cluster.master_of(key_slot(f"{namespace}:{{{namespace}}}:parts".encode()))
+    partition = next(
+        p
+        for p in (f"t:{n}" for n in range(256))
+        if redis_cluster.master_of(slot_of(namespace, p)) != parts_master
+    )
+    engine = PartitionEngine(CONFIG, partition, None)
+    ports: dict[str, int] = {}
+
+    def delta_of(start: int) -> PartitionDelta:
+        for offset in range(start, start + 5):
+            engine.apply(events[offset], events[offset].intent or "unknown", offset)
+        return engine.take_delta()
+
+    try:
+        store.commit(delta_of(0))
+        ports["killed"] = redis_cluster.master_of(slot_of(namespace, partition))
+        pending = delta_of(5)
+        ports["new"] = redis_cluster.kill(ports["killed"])  # returns once the replica serves
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                store.commit(pending)
+                break
+            except StoreUnavailable:
+                assert time.monotonic() < deadline, "commits still refused 20 s after takeover"
+                time.sleep(0.05)
+        checkpoint = store.load_partition(partition)
+        assert checkpoint is not None and checkpoint.offset == 9
+        assert redis_cluster.master_of(slot_of(namespace, partition)) == ports["new"]
+    finally:
+        store.close()
+        if "killed" in ports:
             redis_cluster.revive(ports["killed"])
 
 
