@@ -12,8 +12,14 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from kvcast.lab.reports.big_context_validation import (
+    AGENT_DURATION_S,
+    AGENT_LAMBDA0,
+    AGENT_SEED,
+    AGENT_WARMUP,
+    steady_sample,
+)
 from kvcast.lab.reports.big_context_validation import BLOCK_SIZE as AGENT_BLOCK_SIZE
-from kvcast.lab.reports.big_context_validation import steady_sample
 from kvcast.lab.reports.validation import sample_from_events
 from kvcast.lab.sim.trace import SimTrace
 from kvcast.lab.traces.mooncake import BLOCK_SIZE as MOONCAKE_BLOCK_SIZE
@@ -59,14 +65,6 @@ class ValidationWorkload:
         return (self.trace.timestamp >= start) & (self.trace.timestamp < end)
 
 
-# The `agent` preset as docs/validation.md validates it ("Agent traffic"): coding-agent
-# conversations run for hours, so its statistics and its measurement are the requests from a
-# third of the arrival window to its end (a steady stream), not whole conversations.
-AGENT_LAMBDA0 = 0.01  # conversations/s
-AGENT_DURATION_S = 120_000.0
-AGENT_SEED = 1
-
-
 def steady_rate(events: Sequence[dict[str, Any]], duration_s: float) -> float:
     """Conversation starts per second between 20 % and 80 % of the arrivals' span (s)."""
     lo, hi = 0.2 * duration_s, 0.8 * duration_s
@@ -104,8 +102,10 @@ def mooncake_workload(path: str | Path) -> ValidationWorkload:
 
 
 def agent_workload(duration_s: float = AGENT_DURATION_S) -> ValidationWorkload:
-    """The ``agent`` preset (1,024-token blocks), its statistics and its measurement over the
-    steady part of the stream, ``[duration_s / 3, duration_s)``."""
+    """The ``agent`` preset as docs/validation.md's "Agent traffic" runs it (1,024-token
+    blocks; ``kvcast.lab.reports.big_context_validation``): its conversations run for hours,
+    so its statistics and its measurement are the requests of the steady part of the stream,
+    ``[AGENT_WARMUP * duration_s, duration_s)``, not whole conversations."""
     trace = generate(
         agent(),
         lambda0=AGENT_LAMBDA0,
@@ -114,7 +114,7 @@ def agent_workload(duration_s: float = AGENT_DURATION_S) -> ValidationWorkload:
         block_size=AGENT_BLOCK_SIZE,
     )
     events = list(trace.events())
-    steady = (duration_s / 3, duration_s)
+    steady = (AGENT_WARMUP * duration_s, duration_s)
     sample = steady_sample(events, *steady)
     return ValidationWorkload(
         events, sample, trace.sim_trace(), AGENT_BLOCK_SIZE, (0.0, 0.0), steady_s=steady
