@@ -135,6 +135,17 @@ class _SecondBuckets:
         return self.pop_before(math.inf)
 
 
+def shared_index_for(config: StatsConfig) -> SharedPrefixIndex:
+    """The shared-prefix index a tracker of ``config`` keeps (off at ``shared_index_blocks``
+    0): ``shared_index_blocks`` ids, forgotten ``completion_timeout_s`` after their last
+    reference, every id of the first ``shared_index_dense_tokens`` tokens indexed."""
+    return SharedPrefixIndex(
+        config.shared_index_blocks,
+        config.completion_timeout_s,
+        max(MIN_DENSE_BLOCKS, config.shared_index_dense_tokens // config.block_size),
+    )
+
+
 class ConversationTracker:
     """Groups accepted events into conversations and hands out the completed ones."""
 
@@ -160,11 +171,7 @@ class ConversationTracker:
         self._skew = config.max_future_skew_s
         self._clock = time.time() if clock_s is None else clock_s
         self._future_bound = self._clock + self._skew
-        self.shared_index = SharedPrefixIndex(
-            config.shared_index_blocks,
-            config.completion_timeout_s,
-            max(MIN_DENSE_BLOCKS, config.shared_index_dense_tokens // config.block_size),
-        )
+        self.shared_index = shared_index_for(config)
 
     @classmethod
     def restore(

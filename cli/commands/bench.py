@@ -105,11 +105,14 @@ def bench(
         results["throughput"] = throughput.to_dict()
         rows += throughput.rows()
     if "replay" in chosen:
-        from kvcast.lab.bench.replay_command import run_replay_command
+        from kvcast.lab.bench.replay_command import run_replay_command, run_replay_sharing
 
         replay = run_replay_command()
         results["replay"] = replay.to_dict()
         rows += replay.rows()
+        sharing = run_replay_sharing()
+        results["replay_sharing"] = sharing.to_dict()
+        rows += sharing.rows()
     if "solver" in chosen and "validation" not in chosen:
         speed = measure_speed()
         results["solver"] = {**dataclasses.asdict(speed), "ratio": speed.ratio}

@@ -11,6 +11,9 @@
  *   - IntentLabeller.label_batch/_canonical      -> apply_event (label decision), label_commit
  *   - ConversationTracker.observe/_complete_due/flush and _SecondBuckets
  *                                                -> apply_event, complete_due, core_finish
+ *   - the tracker's calls of its shared-prefix index (events with block_hashes)
+ *                                                -> index_observe, sess_complete, complete_due
+ *     (the index is this module's SharedIndexCore, below, called as C functions)
  *   - StatsWindow.add / Bucket.add_conversation -> window_add
  *   - buckets_in_window(now_s) + expire          -> window_expire
  *   - ArrivalStats.observe/_prune                -> arrivals_observe, arrivals_prune
@@ -23,7 +26,9 @@
  * Memory layout.  Session ids and request ids never appear in the results, so the tracker
  * keeps copies of their code units (kind and length included: equal exactly when the Python
  * strings are equal) instead of references to the str objects, so the per-event work touches
- * no old Python object (no refcounts, no cold string headers).  Keys are hashed with a
+ * no old Python object (no refcounts, no cold string headers).  With the shared-prefix index
+ * a conversation also keeps what the index needs as objects: its owner id and held ids, and
+ * each turn's gaps tuple (none of them can take part in a cycle).  Keys are hashed with a
  * seeded multiply-mix hash of those code units (see bytes_hash), not the str's SipHash.
  *   - A session slot (Sess + SessMeta) holds a session id, its open conversation (turns
  *     inline up to INLINE_TURNS) and the number of deadline entries filed under it.  A slot
@@ -54,7 +59,7 @@
 #define MAX_LABEL_IDS ((int64_t)1 << 30)
 #define EXPIRE_EVERY_COMPLETIONS 1024
 #define INLINE_TURNS 4
-#define INLINE_KEY 56      /* sizeof(Sess) == 192: three cache lines */
+#define INLINE_KEY 40      /* sizeof(Sess) == 256: four cache lines */
 #define DIRECT_TURNS 32    /* window states of turns 1..32 are found without hashing */
 
 /* math.floor for |x| < 2**52 (every value floored here is checked to be so). */
@@ -670,11 +675,29 @@ typedef struct {
 #define RID_RECORD_SIZE(nbytes) (sizeof(RidHdr) + (((size_t)(nbytes) + 7) & ~(size_t)7))
 
 /* ------------------------------------------------------------------------------------------ */
+/* The shared-prefix index (SharedIndexCore, defined below), as the replay engine calls it     */
+
+typedef struct Sp Sp;
+static PyObject *sp_observe(Sp *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+static PyObject *sp_continues(Sp *self, PyObject *const *args, Py_ssize_t nargs);
+static PyObject *sp_release(Sp *self, PyObject *const *args, Py_ssize_t nargs);
+static PyObject *sp_expire(Sp *self, PyObject *arg);
+static PyObject *sp_clear_private(Sp *self, PyObject *ignored);
+static PyObject *sp_clear_changes(Sp *self, PyObject *ignored);
+static int sp_has_due(const Sp *self, double watermark);
+static Py_ssize_t sp_capacity(const Sp *self);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Engine structures                                                                            */
 
 typedef struct {
     double ts;
     int32_t input, blocks, turn, intent;
+    /* TurnRecord's shared prefix: its leading shared blocks (at most `blocks`), how many of
+       them became shared with it, and their (gap s, blocks) pairs (strong; NULL when
+       shared is 0, where the window reads none of the three) */
+    int32_t shared, born;
+    PyObject *gaps;
 } Turn;
 
 /* A session slot: a session id with its open conversation (when is_open).  The bookkeeping
@@ -696,9 +719,15 @@ typedef struct {
     uint8_t kind, on_heap, pad_[2];
     char *kheap;     /* the key when longer than INLINE_KEY bytes */
     Turn *theap;     /* the turns when more than INLINE_TURNS (kept for reuse) */
+    /* With the shared-prefix index: the session id its blocks are owned by and the block ids
+       it holds there (Conversation.held), both strong; NULL until its first event with
+       block_hashes and once the conversation closes. */
+    PyObject *owner, *held;
     char kdata[INLINE_KEY];
     Turn tin[INLINE_TURNS];
 } Sess;
+
+_Static_assert(sizeof(Sess) == 256, "a session slot is four cache lines");
 
 #define SESS_TURNS(s) ((s)->on_heap ? (s)->theap : (s)->tin)
 #define SESS_KEY(s) ((s)->nbytes <= INLINE_KEY ? (s)->kdata : (s)->kheap)
@@ -711,12 +740,14 @@ typedef struct {
 
 typedef struct {
     int64_t conversations, sum_R, sum_H, sum_H_hash, sum_B, sum_M;
+    int64_t sum_S, sum_S_B, shared_born; /* the shared prefixes' (MomentSums) */
     int32_t intent;
 } MomE;
 
 typedef struct {
     double delay;
     int64_t blocks, turn;
+    int64_t prev_shared;  /* of blocks, those the revisit finds shared */
     int32_t intent;       /* the conversation's (the forecast's class) */
     int32_t state_intent; /* of the state it leaves (StatsConfig.state_intent) */
 } DelayE;
@@ -727,6 +758,13 @@ typedef struct {
     int32_t state[DIRECT_TURNS + 1];
     int32_t mom;
 } IntentRow;
+
+/* A shared block gap: `blocks` shared blocks referenced again `gap` s after their previous
+   reference (window.SharedGap). */
+typedef struct {
+    double gap;
+    int64_t blocks;
+} GapE;
 
 typedef struct {
     int64_t index, conversations;
@@ -740,13 +778,15 @@ typedef struct {
     Py_ssize_t nm, capm;
     DelayE *delays;
     Py_ssize_t nd, capd;
+    GapE *gaps; /* Bucket.shared_gaps, in order */
+    Py_ssize_t ng, capg;
 } Bucket;
 
 typedef struct {
     int64_t second, starts, cached, input;
 } SecE;
 
-#define N_FIELDS 8
+#define N_FIELDS 9
 /* Where a struct type keeps the event fields read here (member descriptor offsets). */
 typedef struct {
     PyTypeObject *type; /* borrowed: Core holds the reference */
@@ -827,12 +867,21 @@ typedef struct {
     Py_ssize_t nreasons, capreason_objs, capreason_counts;
     int64_t too_late_pos, future_pos, open_limit_pos;
     int64_t completions_since_expiry;
+
+    /* shared-prefix index (ConversationTracker.shared_index): NULL when off */
+    int use_index;
+    PyObject *shared_index; /* a SharedIndexCore */
+    PyObject *last_seen;    /* this core's _last_seen, bound, during offer_lines: the index's
+                               callback */
+    PyObject *no_held;      /* (): a conversation that holds no blocks */
+    PyObject *s_last_seen;  /* "_last_seen", interned: the type's attribute cache keeps its
+                               lookups' names, so a fresh str a call would pile up there */
 } Core;
 
-enum { F_SESSION, F_TURN, F_TS, F_INPUT, F_RID, F_INTENT, F_CACHED, F_MESSAGES };
+enum { F_SESSION, F_TURN, F_TS, F_INPUT, F_RID, F_INTENT, F_CACHED, F_MESSAGES, F_HASHES };
 static const char *const FIELD_NAMES[N_FIELDS] = {
     "session_id", "turn", "timestamp", "input_tokens", "request_id", "intent", "cached_tokens",
-    "messages",
+    "messages", "block_hashes",
 };
 
 typedef struct {
@@ -938,6 +987,7 @@ bucket_free_contents(Bucket *b)
     free(b->rows);
     free(b->moms);
     free(b->delays);
+    free(b->gaps);
     memset(b, 0, sizeof(*b));
 }
 
@@ -1008,6 +1058,27 @@ bucket_moments(Bucket *b, int64_t row, int32_t intent)
     memset(m, 0, sizeof(*m));
     m->intent = intent;
     return m;
+}
+
+/* Bucket.shared_gaps.extend(gaps): a turn's ((gap s, blocks), ...), as sp_run builds it. */
+static int
+bucket_gaps_extend(Bucket *b, PyObject *gaps)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(gaps);
+    if (GROW(b->gaps, b->capg, b->ng + n) < 0) {
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *pair = PyTuple_GET_ITEM(gaps, i);
+        int64_t blocks = PyLong_AsLongLong(PyTuple_GET_ITEM(pair, 1));
+        if (blocks == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+        GapE *g = &b->gaps[b->ng++];
+        g->gap = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(pair, 0));
+        g->blocks = blocks;
+    }
+    return 0;
 }
 
 /* StatsWindow.add + Bucket.add_conversation for the open conversation of slot s. */
@@ -1110,10 +1181,25 @@ window_add(Core *self, const Sess *conv)
         }
     }
 
-    /* Delays and the moment sums. */
+    /* Delays and the moment sums; the shared blocks' sums and gaps, in turn order. */
     int64_t sum_H = 0, sum_H_hash = 0;
+    int64_t sum_S = T[0].shared, shared_born = 0;
+    if (sum_S) {
+        shared_born = T[0].born;
+        if (bucket_gaps_extend(b, T[0].gaps) < 0) {
+            return -1;
+        }
+    }
     for (Py_ssize_t i = 1; i < n; i++) {
         const Turn *prev = &T[i - 1], *rec = &T[i];
+        int64_t shared = rec->shared;
+        if (shared) {
+            sum_S += shared;
+            shared_born += rec->born;
+            if (bucket_gaps_extend(b, rec->gaps) < 0) {
+                return -1;
+            }
+        }
         int64_t blocks = prev->blocks;
         sum_H += blocks;
         if (blocks > 1) {
@@ -1127,6 +1213,7 @@ window_add(Core *self, const Sess *conv)
             d->intent = intent;
             d->state_intent = own[prev->intent] ? prev->intent : intent;
             d->turn = prev->turn < max_turn ? prev->turn : max_turn;
+            d->prev_shared = shared < blocks ? shared : blocks;
         }
     }
     MomE *m = bucket_moments(b, row, intent);
@@ -1140,6 +1227,11 @@ window_add(Core *self, const Sess *conv)
     m->sum_H_hash += sum_H_hash;
     m->sum_B += last_blocks;
     m->sum_M += last;
+    if (sum_S) {
+        m->sum_S += sum_S;
+        m->sum_S_B += T[n - 1].shared;
+        m->shared_born += shared_born;
+    }
     b->conversations += 1;
     return 0;
 }
@@ -1233,10 +1325,10 @@ arrivals_prune(Core *self)
 }
 
 static int
-arrivals_observe(Core *self, double ts, int64_t turn, int64_t input, int has_cached,
-                 int64_t cached)
+arrivals_observe(Core *self, double ts, int64_t turn, int restarted, int64_t input,
+                 int has_cached, int64_t cached)
 {
-    int is_start = turn == 1;
+    int is_start = turn == 1 || restarted;
     if (!is_start && !has_cached) {
         return 0;
     }
@@ -1364,6 +1456,7 @@ sess_new(Core *self, const KeyView *k)
         si = (int32_t)self->nsess++;
         self->sess[si].theap = NULL;
         self->sess[si].cap = 0;
+        self->sess[si].owner = self->sess[si].held = NULL;
     }
     SessMeta *m = &self->meta[si];
     m->dsec = 0;
@@ -1423,6 +1516,19 @@ sess_open(Core *self, int32_t si, const Turn *first)
     self->open_count++;
 }
 
+/* An open conversation's references (its turns' gaps, its owner and held ids) go. */
+static void
+sess_drop_refs(Sess *s)
+{
+    Turn *T = SESS_TURNS(s);
+    for (int32_t i = 0; i < s->n; i++) {
+        Py_CLEAR(T[i].gaps);
+    }
+    s->n = 0;
+    Py_CLEAR(s->owner);
+    Py_CLEAR(s->held);
+}
+
 /* Close the open conversation of slot si (out of the open dict); the slot stays. */
 static void
 sess_close(Core *self, int32_t si)
@@ -1442,8 +1548,30 @@ sess_close(Core *self, int32_t si)
     }
     m->prev = m->next = -1;
     m->is_open = 0;
-    self->sess[si].n = 0;
+    sess_drop_refs(&self->sess[si]);
     self->open_count--;
+}
+
+/* ConversationTracker._release: the open conversation of slot si completes.  Its private
+   blocks leave the shared-prefix index, it goes into the window and its slot closes. */
+static int
+sess_complete(Core *self, int32_t si)
+{
+    Sess *s = &self->sess[si];
+    int r = 0;
+    if (s->held != NULL && PyTuple_GET_SIZE(s->held) > 0) {
+        PyObject *args[2] = {s->owner, s->held};
+        PyObject *done = sp_release((Sp *)self->shared_index, args, 2);
+        if (done == NULL) {
+            r = -1;
+        }
+        Py_XDECREF(done);
+    }
+    if (window_add(self, s) < 0) {
+        r = -1;
+    }
+    sess_close(self, si);
+    return r;
 }
 
 /* Room for one more turn in slot s; returns its turns (maybe moved to the heap). */
@@ -1506,6 +1634,7 @@ complete_due(Core *self, double watermark, int64_t *completed)
                 __builtin_prefetch(p);
                 __builtin_prefetch(p + 64);
                 __builtin_prefetch(p + 128);
+                __builtin_prefetch(p + 192);
             }
         }
         for (size_t k = 0; k < n; k++) {
@@ -1521,6 +1650,7 @@ complete_due(Core *self, double watermark, int64_t *completed)
                     __builtin_prefetch(p);
                     __builtin_prefetch(p + 64);
                     __builtin_prefetch(p + 128);
+                    __builtin_prefetch(p + 192);
                 }
             }
             int32_t si = items[k];
@@ -1529,10 +1659,9 @@ complete_due(Core *self, double watermark, int64_t *completed)
             /* Python: open.get(session_id) and floor(last_ts + timeout) == second.  Entries
                left behind when a conversation's deadline moved later are skipped. */
             if (m->is_open && m->dsec == second) {
-                if (window_add(self, &self->sess[si]) < 0) {
+                if (sess_complete(self, si) < 0) {
                     err = 1;
                 }
-                sess_close(self, si);
                 (*completed)++;
             }
             if (!m->is_open && m->pending == 0) {
@@ -1543,6 +1672,22 @@ complete_due(Core *self, double watermark, int64_t *completed)
         if (err) {
             return -1;
         }
+    }
+    Sp *sp = (Sp *)self->shared_index;
+    if (sp != NULL && sp_has_due(sp, watermark)) {
+        PyObject *w = PyFloat_FromDouble(watermark);
+        PyObject *done = w != NULL ? sp_expire(sp, w) : NULL;
+        Py_XDECREF(w);
+        if (done == NULL) {
+            return -1;
+        }
+        Py_DECREF(done);
+        /* A replay keeps no checkpoint: the index's changes since the last one can go. */
+        done = sp_clear_changes(sp, NULL);
+        if (done == NULL) {
+            return -1;
+        }
+        Py_DECREF(done);
     }
     return 0;
 }
@@ -1708,6 +1853,68 @@ seen_add(Core *self, const KeyView *k, int64_t second)
     return 0;
 }
 
+/* The shared-prefix part of ConversationTracker.observe, for an event with block hashes.  A
+   request that does not continue the open conversation's context (a new context: compacted,
+   edited) completes it first (*is_open cleared, *restarted set, one more in *completed);
+   then the index observes the request.  Fills rec's shared prefix and hands back the
+   conversation's held ids (a new reference) and the id its blocks are owned by (borrowed:
+   the open conversation's or the event's). */
+static int
+index_observe(Core *self, int32_t si, int *is_open, PyObject *session, PyObject *ts_o,
+              PyObject *hashes, int64_t turn, Turn *rec, PyObject **held_out,
+              PyObject **owner_out, int64_t *completed, int *restarted)
+{
+    Sp *sp = (Sp *)self->shared_index;
+    Sess *c = *is_open ? &self->sess[si] : NULL;
+    PyObject *owner = c != NULL && c->owner != NULL ? c->owner : session;
+    PyObject *held = c != NULL && c->held != NULL ? c->held : self->no_held;
+    int newest = c == NULL || turn >= SESS_TURNS(c)[c->n - 1].turn;
+    if (c != NULL && newest) {
+        PyObject *args[2] = {hashes, held};
+        PyObject *verdict = sp_continues(sp, args, 2);
+        if (verdict == NULL) {
+            return -1;
+        }
+        int same_context = verdict == Py_True;
+        Py_DECREF(verdict);
+        if (!same_context) {
+            (*completed)++;
+            *is_open = 0;
+            *restarted = 1;
+            owner = session; /* the closed conversation's owner object goes with it */
+            held = self->no_held;
+            if (sess_complete(self, si) < 0) {
+                return -1;
+            }
+        }
+    }
+    PyObject *args[6] = {owner, ts_o, hashes, held, self->last_seen,
+                         newest ? Py_True : Py_False};
+    PyObject *result = sp_observe(sp, args, 6, NULL);
+    if (result == NULL) {
+        return -1;
+    }
+    PyObject *run = PyTuple_GET_ITEM(result, 0); /* SharedRun(blocks, gaps, born) */
+    int64_t shared = PyLong_AsLongLong(PyTuple_GET_ITEM(run, 0));
+    int64_t born = shared == -1 && PyErr_Occurred() ? -1
+                                                    : PyLong_AsLongLong(PyTuple_GET_ITEM(run, 2));
+    if (born == -1 && PyErr_Occurred()) {
+        Py_DECREF(result);
+        return -1;
+    }
+    if (shared > rec->blocks) {
+        shared = rec->blocks;
+    }
+    /* both at most the request's ids (MAX_BLOCK_HASHES) */
+    rec->shared = (int32_t)shared;
+    rec->born = (int32_t)born;
+    rec->gaps = shared > 0 ? Py_NewRef(PyTuple_GET_ITEM(run, 1)) : NULL;
+    *held_out = Py_NewRef(PyTuple_GET_ITEM(result, 1));
+    *owner_out = owner;
+    Py_DECREF(result);
+    return 0;
+}
+
 /* ingest for a parsed event (read through ft): label it, then StatsEngine.apply.
    default_rid, when not NULL, stands for the event's empty request_id. */
 static int
@@ -1720,9 +1927,14 @@ apply_fields(Core *self, PyObject *ev, const FieldTable *ft, PyObject *default_r
     PyObject *rid = input_o ? event_field(ft, ev, F_RID) : NULL;
     PyObject *intent_o = rid ? event_field(ft, ev, F_INTENT) : NULL;
     PyObject *cached_o = intent_o ? event_field(ft, ev, F_CACHED) : NULL;
-    if (cached_o == NULL) {
+    PyObject *hashes = cached_o ? event_field(ft, ev, F_HASHES) : NULL;
+    if (hashes == NULL) {
         return -1;
     }
+    if (hashes != Py_None && !PyList_CheckExact(hashes)) {
+        return type_error_field(F_HASHES, "list or None", hashes);
+    }
+    int use_index = self->use_index && hashes != Py_None && PyList_GET_SIZE(hashes) > 0;
     if (default_rid != NULL) {
         rid = default_rid;
     }
@@ -1872,20 +2084,27 @@ apply_fields(Core *self, PyObject *ev, const FieldTable *ft, PyObject *default_r
     if (is_open && ts > self->sess[si].last_ts + self->timeout) {
         /* A resumed session: the idle conversation completes, a new one starts. */
         completed++;
-        int r = window_add(self, &self->sess[si]);
-        sess_close(self, si);
-        if (r < 0) {
+        is_open = 0;
+        if (sess_complete(self, si) < 0) {
             return -1;
         }
-        is_open = 0;
     }
     int64_t bs = self->block_size;
     int64_t blocks = input >= 0 ? (input + bs - 1) / bs : -((-input) / bs);
-    Turn rec = {ts, (int32_t)input, (int32_t)blocks, (int32_t)turn, (int32_t)label_id};
+    Turn rec = {ts, (int32_t)input, (int32_t)blocks, (int32_t)turn, (int32_t)label_id, 0, 0,
+                NULL};
+    PyObject *held = NULL, *owner = NULL; /* the conversation's held ids (new), its owner */
+    int restarted = 0;
+    if (use_index && index_observe(self, si, &is_open, session, ts_o, hashes, turn, &rec, &held,
+                                   &owner, &completed, &restarted) < 0) {
+        return -1;
+    }
     if (!is_open) {
         if (si < 0) {
             si = sess_new(self, &sk);
             if (si < 0) {
+                Py_XDECREF(rec.gaps);
+                Py_XDECREF(held);
                 return -1;
             }
         }
@@ -1922,12 +2141,18 @@ apply_fields(Core *self, PyObject *ev, const FieldTable *ft, PyObject *default_r
         if (found) {
             Turn *p = &T[at];
             if (ts < p->ts || (ts == p->ts && input < p->input)) {
+                Py_XDECREF(p->gaps);
                 *p = rec;
+            }
+            else {
+                Py_XDECREF(rec.gaps); /* the earlier request stays the turn's */
             }
         }
         else {
             T = sess_turn_room(c);
             if (T == NULL) {
+                Py_XDECREF(rec.gaps);
+                Py_XDECREF(held);
                 return -1;
             }
             if (at < n) {
@@ -1935,6 +2160,13 @@ apply_fields(Core *self, PyObject *ev, const FieldTable *ft, PyObject *default_r
             }
             T[at] = rec;
             c->n = (int32_t)(n + 1);
+        }
+    }
+    if (held != NULL) { /* conversation.held = held */
+        Sess *c = &self->sess[si];
+        Py_XSETREF(c->held, held);
+        if (c->owner == NULL) {
+            c->owner = Py_NewRef(owner);
         }
     }
     if (ts > self->sess[si].last_ts) {
@@ -1964,7 +2196,7 @@ apply_fields(Core *self, PyObject *ev, const FieldTable *ft, PyObject *default_r
 
     /* StatsEngine.apply */
     self->processed++;
-    if (arrivals_observe(self, ts, turn, input, has_cached, cached) < 0) {
+    if (arrivals_observe(self, ts, turn, restarted, input, has_cached, cached) < 0) {
         return -1;
     }
     self->completions_since_expiry += completed;
@@ -2115,19 +2347,38 @@ core_ready(Core *self)
     if (self->parse == NULL || self->decode == NULL || self->decode_type == NULL ||
         self->rejected == NULL ||
         self->event_type == NULL || self->delay_type == NULL || self->unknown_label == NULL || self->reason_index == NULL ||
-        self->label_map == NULL || self->rejections == NULL) {
+        self->label_map == NULL || self->rejections == NULL ||
+        (self->use_index && (self->shared_index == NULL || self->no_held == NULL))) {
         PyErr_SetString(PyExc_RuntimeError, "ReplayCore has been cleared");
         return -1;
     }
     return 0;
 }
 
+static PyObject *offer_lines(Core *self, PyObject *lines);
+
+/* offer_lines(lines): the index's callback, this core's bound _last_seen, lives for the call
+   only (kept on the core it would make a cycle that only the collector frees). */
 static PyObject *
 core_offer_lines(Core *self, PyObject *lines)
 {
     if (core_ready(self) < 0) {
         return NULL;
     }
+    if (self->use_index) {
+        Py_XSETREF(self->last_seen, PyObject_GetAttr((PyObject *)self, self->s_last_seen));
+        if (self->last_seen == NULL) {
+            return NULL;
+        }
+    }
+    PyObject *count = offer_lines(self, lines);
+    Py_CLEAR(self->last_seen);
+    return count;
+}
+
+static PyObject *
+offer_lines(Core *self, PyObject *lines)
+{
     Py_ssize_t count = 0;
     if (PyList_CheckExact(lines)) {
         /* A list without an iterator object (its size is read again each time round, and each
@@ -2178,14 +2429,20 @@ core_finish(Core *self, PyObject *Py_UNUSED(ignored))
     /* Every open conversation has a deadline entry, so none should be left; be sure. */
     while (self->open_head >= 0) {
         int32_t si = self->open_head;
-        int r = window_add(self, &self->sess[si]);
-        sess_close(self, si);
+        int r = sess_complete(self, si);
         if (self->meta[si].pending == 0) {
             sess_release(self, si);
         }
         if (r < 0) {
             return NULL;
         }
+    }
+    if (self->shared_index != NULL) {
+        PyObject *done = sp_clear_private((Sp *)self->shared_index, NULL);
+        if (done == NULL) {
+            return NULL;
+        }
+        Py_DECREF(done);
     }
     ht_clear(&self->seen);
     while (self->idexp.nheap > 0) {
@@ -2207,7 +2464,7 @@ label_obj(Core *self, int32_t id)
 static PyObject *
 export_bucket(Core *self, const Bucket *b)
 {
-    PyObject *states = PyList_New(b->ns);
+    PyObject *states = PyList_New(b->ns), *gaps = NULL;
     PyObject *moms = states ? PyList_New(b->nm) : NULL;
     PyObject *delays = moms ? PyList_New(b->nd) : NULL;
     if (delays == NULL) {
@@ -2224,10 +2481,12 @@ export_bucket(Core *self, const Bucket *b)
     }
     for (Py_ssize_t i = 0; i < b->nm; i++) {
         const MomE *m = &b->moms[i];
-        PyObject *t = Py_BuildValue("(NLLLLLL)", label_obj(self, m->intent),
+        PyObject *t = Py_BuildValue("(NLLLLLLLLL)", label_obj(self, m->intent),
                                     (long long)m->conversations, (long long)m->sum_R,
                                     (long long)m->sum_H, (long long)m->sum_H_hash,
-                                    (long long)m->sum_B, (long long)m->sum_M);
+                                    (long long)m->sum_B, (long long)m->sum_M,
+                                    (long long)m->sum_S, (long long)m->sum_S_B,
+                                    (long long)m->shared_born);
         if (t == NULL) {
             goto fail;
         }
@@ -2236,8 +2495,6 @@ export_bucket(Core *self, const Bucket *b)
     PyTypeObject *dt = (PyTypeObject *)self->delay_type;
     for (Py_ssize_t i = 0; i < b->nd; i++) {
         const DelayE *d = &b->delays[i];
-        /* DelaySample's fifth item, prev_shared, is 0: this engine keeps no shared prefixes
-           (replay falls back to Python for events with block_hashes). */
         PyObject *t = dt->tp_alloc(dt, 6);
         if (t == NULL) {
             goto fail;
@@ -2246,25 +2503,39 @@ export_bucket(Core *self, const Bucket *b)
         PyObject *a = PyFloat_FromDouble(d->delay);
         PyObject *bl = PyLong_FromLongLong(d->blocks);
         PyObject *tu = PyLong_FromLongLong(d->turn);
-        if (a == NULL || bl == NULL || tu == NULL) {
+        PyObject *ps = PyLong_FromLongLong(d->prev_shared);
+        if (a == NULL || bl == NULL || tu == NULL || ps == NULL) {
             Py_XDECREF(a);
             Py_XDECREF(bl);
             Py_XDECREF(tu);
+            Py_XDECREF(ps);
             goto fail;
         }
         PyTuple_SET_ITEM(t, 0, a);
         PyTuple_SET_ITEM(t, 1, bl);
         PyTuple_SET_ITEM(t, 2, label_obj(self, d->intent));
         PyTuple_SET_ITEM(t, 3, tu);
-        PyTuple_SET_ITEM(t, 4, PyLong_FromLong(0));
+        PyTuple_SET_ITEM(t, 4, ps);
         PyTuple_SET_ITEM(t, 5, label_obj(self, d->state_intent));
         /* A tuple of atoms can be in no cycle: untracked now, as the collector would untrack
            it at its first look, so that the window's samples do not make a young collection
            walk them all. */
         PyObject_GC_UnTrack(t);
     }
-    return Py_BuildValue("(LLNNN)", (long long)b->index, (long long)b->conversations, states,
-                         moms, delays);
+    gaps = PyList_New(b->ng);
+    for (Py_ssize_t i = 0; gaps != NULL && i < b->ng; i++) {
+        PyObject *pair = Py_BuildValue("(dL)", b->gaps[i].gap, (long long)b->gaps[i].blocks);
+        if (pair == NULL) {
+            Py_CLEAR(gaps);
+            break;
+        }
+        PyList_SET_ITEM(gaps, i, pair);
+    }
+    if (gaps == NULL) {
+        goto fail;
+    }
+    return Py_BuildValue("(LLNNNN)", (long long)b->index, (long long)b->conversations, states,
+                         moms, delays, gaps);
 fail:
     Py_XDECREF(states);
     Py_XDECREF(moms);
@@ -2454,20 +2725,21 @@ static char *core_kwlist[] = {
     "window_conversations", "window_max_age_s", "bucket_s", "rate_window_s",
     "max_open_conversations", "label_map", "unknown_label", "parse", "rejected", "event_type",
     "delay_type", "decode", "decode_type", "max_event_bytes", "max_future_skew_s", "clock_s",
-    "own_intent", NULL,
+    "own_intent", "shared_index", NULL,
 };
 
 static PyObject *
 core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    PyObject *a[21] = {NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$OOOOOOOOOOOOOOOOOOOOO:ReplayCore",
+    PyObject *a[22] = {NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$OOOOOOOOOOOOOOOOOOOOOO:ReplayCore",
                                      core_kwlist, &a[0], &a[1], &a[2], &a[3], &a[4], &a[5],
                                      &a[6], &a[7], &a[8], &a[9], &a[10], &a[11], &a[12], &a[13],
-                                     &a[14], &a[15], &a[16], &a[17], &a[18], &a[19], &a[20])) {
+                                     &a[14], &a[15], &a[16], &a[17], &a[18], &a[19], &a[20],
+                                     &a[21])) {
         return NULL;
     }
-    for (int i = 0; i < 21; i++) {
+    for (int i = 0; i < 22; i++) {
         if (a[i] == NULL) {
             PyErr_Format(PyExc_TypeError, "ReplayCore() missing required keyword argument '%s'",
                          core_kwlist[i]);
@@ -2648,6 +2920,20 @@ core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         goto fail;
     }
     self->own_flags[0] = (uint8_t)own;
+    /* The shared-prefix index (None: off), its callback and the empty held ids. */
+    if (a[21] != Py_None) {
+        if (!PyObject_TypeCheck(a[21], (PyTypeObject *)ms->shared_index_type)) {
+            PyErr_SetString(PyExc_TypeError, "shared_index must be a SharedIndexCore or None");
+            goto fail;
+        }
+        self->shared_index = Py_NewRef(a[21]);
+        self->no_held = PyTuple_New(0);
+        self->s_last_seen = PyUnicode_InternFromString("_last_seen");
+        if (self->no_held == NULL || self->s_last_seen == NULL) {
+            goto fail;
+        }
+        self->use_index = sp_capacity((Sp *)self->shared_index) > 0;
+    }
     return (PyObject *)self;
 fail:
     Py_DECREF(self);
@@ -2682,6 +2968,7 @@ static const size_t core_refs[] = {
     offsetof(Core, rejected),    offsetof(Core, event_type),     offsetof(Core, delay_type),
     offsetof(Core, unsupported), offsetof(Core, last_rejection), offsetof(Core, reason_index),
     offsetof(Core, label_map),   offsetof(Core, rejections),     offsetof(Core, own_intent),
+    offsetof(Core, shared_index), offsetof(Core, last_seen),     offsetof(Core, no_held),
 };
 
 static int
@@ -2728,6 +3015,9 @@ core_dealloc(Core *self)
     free(self->own_flags);
     /* tracker */
     for (Py_ssize_t i = 0; i < self->nsess; i++) {
+        if (self->meta[i].is_open) {
+            sess_drop_refs(&self->sess[i]);
+        }
         free(self->sess[i].kheap);
         free(self->sess[i].theap);
     }
@@ -2755,12 +3045,39 @@ core_dealloc(Core *self)
     Py_CLEAR(self->s_timestamp);
     Py_CLEAR(self->s_session_id);
     Py_CLEAR(self->s_open_limit);
+    Py_CLEAR(self->s_last_seen);
     Py_CLEAR(self->unknown_label);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }
 
+/* _last_seen(session_id): ConversationTracker._last_seen, the newest event time (s) of an
+   open conversation (KeyError for none); the shared-prefix index's callback. */
+static PyObject *
+core_last_seen(Core *self, PyObject *session)
+{
+    if (PyUnicode_CheckExact(session)) {
+        KeyView k;
+        key_view(session, &k, self->seed);
+        Py_ssize_t pos = sess_find(self, &k);
+        if (pos == -2) {
+            unsupported(self, "colliding session ids");
+            return NULL;
+        }
+        if (pos >= 0) {
+            int32_t si = (int32_t)self->sess_tab.e[pos].val;
+            if (self->meta[si].is_open) {
+                return PyFloat_FromDouble(self->sess[si].last_ts);
+            }
+        }
+    }
+    PyErr_SetObject(PyExc_KeyError, session);
+    return NULL;
+}
+
 static PyMethodDef core_methods[] = {
+    {"_last_seen", (PyCFunction)core_last_seen, METH_O,
+     "_last_seen(session_id) -> float: an open conversation's newest event time (s)."},
     {"offer_lines", (PyCFunction)core_offer_lines, METH_O,
      "offer_lines(lines) -> int: kvcast.stats.ingest.ingest of the bytes lines, in order."},
     {"finish", (PyCFunction)core_finish, METH_NOARGS,
@@ -2868,7 +3185,7 @@ typedef struct {
     Py_ssize_t e;   /* the entry, SP_EMPTY or SP_DELETED */
 } SpSlot;
 
-typedef struct {
+struct Sp {
     PyObject_HEAD
     Py_ssize_t capacity;
     int64_t dense;
@@ -2896,7 +3213,7 @@ typedef struct {
     PyObject **mine;  /* borrowed from the call's arguments */
     Py_ssize_t *run_blk; /* the run's entries */
     Py_ssize_t scratch_cap;
-} Sp;
+};
 
 #define SP_EMPTY (-1)
 #define SP_DELETED (-2)
@@ -3125,6 +3442,19 @@ sp_due(double second, double w)
         return second + 1.0 <= w;
     }
     return w > second;
+}
+
+static Py_ssize_t
+sp_capacity(const Sp *self)
+{
+    return self->capacity;
+}
+
+/* Whether expire(watermark) drops something: shared_index.next_due <= watermark. */
+static int
+sp_has_due(const Sp *self, double watermark)
+{
+    return self->heap_n > 0 && sp_due(self->heap[0].second, watermark);
 }
 
 /* math.floor(x), kept as a double; raises as math.floor does where x is not finite. */

@@ -26,26 +26,12 @@ import msgspec
 
 from kvcast.stats.arrivals import ArrivalStats, SecondCounters
 from kvcast.stats.config import StatsConfig
+from kvcast.stats.conversations import shared_index_for
 from kvcast.stats.engine import EventCounters, Rejection, StatsEngine
 from kvcast.stats.events import MAX_EVENT_BYTES, Event, EventRejected, parse_event
 from kvcast.stats.taxonomy import UNKNOWN
 from kvcast.stats.taxonomy import label_map as taxonomy_label_map
 from kvcast.stats.window import Bucket, DelaySample, MomentSums, StateSums, own_intent_rule
-
-
-def _shares_blocks(line: bytes) -> bool:
-    """Whether ``line`` is a valid event with block hashes (this engine keeps no shared
-    prefixes; an invalid line is rejected the same way by both engines)."""
-    if isinstance(line, str):
-        line = line.encode()
-    elif not isinstance(line, (bytes, bytearray, memoryview)):
-        return False  # the engine's own loop says what is wrong with it
-    if b'"block_hashes"' not in line:
-        return False
-    try:
-        return bool(parse_event(line).block_hashes)
-    except EventRejected:
-        return False
 
 
 def _load() -> ModuleType | None:
@@ -134,6 +120,7 @@ class NativeReplay:
             event_type=Event,
             delay_type=DelaySample,
             own_intent=own_intent_rule(config.state_intent),
+            shared_index=shared_index_for(config) if config.shared_index_blocks else None,
         )
 
     def offer_lines(self, lines: Iterable[bytes]) -> int:
@@ -142,13 +129,6 @@ class NativeReplay:
         Raises :class:`ReplayUnsupported` (with the lines before it applied) where the Python
         engine must take over from the start.
         """
-        if self._config.shared_index_blocks:
-            lines = list(lines)
-            if any(_shares_blocks(line) for line in lines):
-                raise ReplayUnsupported(
-                    "events carry block_hashes: the shared-prefix statistics are computed by "
-                    "the Python engine"
-                )
         try:
             return self._core.offer_lines(lines)
         except _NATIVE.ReplayUnsupported as exc:  # type: ignore[union-attr]
@@ -193,8 +173,9 @@ class NativeReplay:
                  for intent, turn, reached, continued in states},
                 {intent: MomentSums(*sums) for intent, *sums in moments},
                 delays,
+                shared_gaps,
             )
-            for index, conversations, states, moments, delays in state["buckets"]
+            for index, conversations, states, moments, delays, shared_gaps in state["buckets"]
         }  # fmt: skip
         seconds, first_start, newest_start, start_count = state["arrivals"]
         arrivals = ArrivalStats(

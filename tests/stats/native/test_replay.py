@@ -111,6 +111,7 @@ def state(engine: StatsEngine) -> tuple:
             [(key, (s.reached, s.continued)) for key, s in bucket.states.items()],
             list(bucket.moments.items()),
             bucket.delays,
+            bucket.shared_gaps,
         )
         for index, bucket in engine.window.buckets.items()
     ]
@@ -148,11 +149,10 @@ def assert_same(
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_generator_preset_gives_the_python_engines_statistics(name: str) -> None:
     trace = generate(preset(name), lambda0=2.0, conversations=1500, seed=11)
-    # Events with block_hashes go to the Python engine unless the shared-prefix index is off.
-    hashed = name in SHARING_PRESETS + AGENT_PRESETS
-    config = StatsConfig(shared_index_blocks=0) if hashed else StatsConfig()
-    got = assert_same(list(trace.jsonl_lines()), config, batch=777)
+    got = assert_same(list(trace.jsonl_lines()), StatsConfig(), batch=777)
     assert got.counters.processed > 0 and got.window.buckets
+    # The presets that send block hashes give shared-prefix statistics, the others none.
+    assert got.snapshot().sample.has_shared == (name in SHARING_PRESETS + AGENT_PRESETS)
 
 
 def test_a_window_that_expires_while_replaying_matches() -> None:
@@ -164,7 +164,7 @@ def test_a_window_that_expires_while_replaying_matches() -> None:
 
 def event_line(
     session: int, turn: int, ts: float, tokens: int, *, intent: str | None, cached: int | None,
-    request_id: str | None,
+    request_id: str | None, hashes: list[int | str] | None = None,
 ) -> bytes:  # fmt: skip
     event: dict[str, object] = {
         "session_id": f"s{session}",
@@ -179,7 +179,31 @@ def event_line(
         event["cached_tokens"] = min(cached, tokens)
     if request_id is not None:
         event["request_id"] = request_id
+    if hashes is not None:
+        event["block_hashes"] = hashes
     return orjson.dumps(event)
+
+
+# Block ids a hostile stream's requests are made of: two system prompts that conversations
+# share, ids of every kind the contract allows (64-bit, negative, str), and a context per
+# pair of sessions (a branch: the two share it as far as both have got), which a retried or
+# reordered turn repeats and a new context drops.
+SYSTEM_PROMPTS: tuple[list[int | str], ...] = ([1, 2, 3], [1, 2, "tools", 2**64 - 1])
+
+
+@st.composite
+def block_hashes(draw: st.DrawFn, session: int, turn: int) -> list[int | str] | None:
+    """A request's ids: none, a shared prompt then the session's own ids up to this turn
+    (a growing context), or a fresh context (its own ids only)."""
+    kind = draw(st.sampled_from(("none", "grow", "grow", "grow", "fresh", "empty")))
+    if kind == "none":
+        return None
+    if kind == "empty":
+        return []
+    own: list[int | str] = [-(session // 2 * 100 + k) for k in range(1, turn + 1)]
+    if kind == "fresh":
+        return [f"s{session}-new-{draw(st.integers(0, 2))}", *own[: draw(st.integers(0, 2))]]
+    return [*draw(st.sampled_from(SYSTEM_PROMPTS)), *own]
 
 
 @st.composite
@@ -198,10 +222,11 @@ def hostile_streams(draw: st.DrawFn) -> tuple[list[bytes], StatsConfig, int]:
             continue
         clock += draw(st.sampled_from((0.0, 0.25, 0.5, 1.0, 2.5, 4.0)))
         jitter = draw(st.sampled_from((0.0, 0.0, -0.5, -1.5, -3.0)))
+        session, turn = draw(st.integers(0, 7)), draw(st.integers(1, 6))
         lines.append(
             event_line(
-                draw(st.integers(0, 7)),
-                draw(st.integers(1, 6)),
+                session,
+                turn,
                 max(0.0, clock + jitter),
                 draw(st.integers(0, 40)),
                 intent=draw(
@@ -211,6 +236,7 @@ def hostile_streams(draw: st.DrawFn) -> tuple[list[bytes], StatsConfig, int]:
                 ),
                 cached=draw(st.none() | st.integers(0, 40)),
                 request_id=draw(st.none() | st.sampled_from(("r1", "r2", "r3"))),
+                hashes=draw(block_hashes(session, turn)),
             )
         )
     config = StatsConfig(
@@ -223,7 +249,7 @@ def hostile_streams(draw: st.DrawFn) -> tuple[list[bytes], StatsConfig, int]:
         bucket_s=draw(st.sampled_from((0.5, 1.0, 3.0))),
         rate_window_s=draw(st.integers(1, 3)),
         max_open_conversations=draw(st.integers(1, 6)),
-        shared_index_blocks=draw(st.sampled_from((0, 0, 1000))),
+        shared_index_blocks=draw(st.sampled_from((0, 1000, 6))),
         state_intent=draw(st.sampled_from(STATE_INTENT_MODES)),
     )
     return lines, config, draw(st.integers(1, 40))
@@ -235,11 +261,7 @@ def test_hostile_streams_give_the_python_engines_statistics(
     case: tuple[list[bytes], StatsConfig, int],
 ) -> None:
     lines, config, batch = case
-    if config.shared_index_blocks:
-        # An event with block hashes hands the replay to the Python engine.
-        assert_same_or_handed_over(lines, config)
-    else:
-        assert_same(lines, config, batch)
+    assert_same(lines, config, batch)
 
 
 def test_counters_agree_while_the_input_is_still_open() -> None:
@@ -348,20 +370,25 @@ def test_an_error_other_than_a_rejection_propagates_and_keeps_what_came_before()
     assert replay.processed == 1 and replay.rejected_total == 0
 
 
-def test_events_with_block_hashes_hand_the_replay_to_the_python_engine(
+def test_events_with_block_hashes_are_replayed_natively_with_their_shared_prefixes(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    lines = [orjson.dumps(e) for e in shared_prefix_events(60, seed=9)]
-    replay = NativeReplay(StatsConfig())
-    with pytest.raises(ReplayUnsupported, match="block_hashes"):
-        replay.offer_lines(lines)
-    assert replay.processed == 0  # nothing of the batch was applied
-    expected, _ = python_replay(lines, StatsConfig())
-    with caplog.at_level("WARNING", logger="kvcast.stats.replay"):
-        got = replay_lines(lambda: [lines], StatsConfig(), engine="native")
-    assert state(got) == state(expected)
+    lines = [orjson.dumps(e) for e in shared_prefix_events(600, seed=9)]
+    got = assert_same(lines, StatsConfig(), batch=97)
     assert got.snapshot().sample.has_shared
-    assert "replaying with the Python engine" in caplog.text
+    with caplog.at_level("WARNING", logger="kvcast.stats.replay"):
+        replayed = replay_lines(lambda: [lines], StatsConfig(), engine="native", clock_s=CLOCK_S)
+    assert state(replayed) == state(got)
+    assert "replaying with the Python engine" not in caplog.text
+
+
+def test_a_small_shared_prefix_index_fills_and_expires_as_the_trackers_does() -> None:
+    """Few ids and a short timeout: the index runs full (new blocks left out) and its shared
+    blocks expire while the replay goes on."""
+    lines = [orjson.dumps(e) for e in shared_prefix_events(800, seed=4, rate_per_s=0.2)]
+    config = StatsConfig(shared_index_blocks=40, completion_timeout_s=30.0)
+    got = assert_same(lines, config, batch=250)
+    assert got.snapshot().sample.has_shared
 
 
 def test_float_times_keep_every_bit() -> None:
