@@ -3632,6 +3632,21 @@ sp_gap_cmp(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* A tuple of atoms (ints, strs, floats, tuples of those) can be in no cycle: untracked now,
+   as the collector's first look would untrack it (the test of CPython's tuple untracking),
+   so that young collections do not walk the index's results, one tuple of ids a request. */
+static inline void
+untrack_atoms(PyObject *t)
+{
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(t); i++) {
+        PyObject *item = PyTuple_GET_ITEM(t, i);
+        if (PyObject_IS_GC(item) && PyObject_GC_IsTracked(item)) {
+            return;
+        }
+    }
+    PyObject_GC_UnTrack(t);
+}
+
 static PyObject *
 sp_gap_pair(double gap, int64_t blocks)
 {
@@ -3649,6 +3664,7 @@ sp_gap_pair(double gap, int64_t blocks)
     }
     PyTuple_SET_ITEM(pair, 0, g);
     PyTuple_SET_ITEM(pair, 1, n);
+    PyObject_GC_UnTrack(pair); /* a float and an int */
     return pair;
 }
 
@@ -3731,9 +3747,11 @@ sp_run(Sp *self, double ts, Py_ssize_t count, Py_ssize_t npos, int64_t blocks, i
         Py_DECREF(gaps);
         return NULL;
     }
+    untrack_atoms(gaps);
     PyTuple_SET_ITEM(run, 0, nb);
     PyTuple_SET_ITEM(run, 1, gaps);
     PyTuple_SET_ITEM(run, 2, nborn);
+    untrack_atoms(run);
     return run;
 }
 
@@ -3750,6 +3768,7 @@ sp_pair(PyObject *a, PyObject *b) /* steals a, borrows b */
     }
     PyTuple_SET_ITEM(t, 0, a);
     PyTuple_SET_ITEM(t, 1, Py_NewRef(b));
+    untrack_atoms(t);
     return t;
 }
 
@@ -3984,6 +4003,7 @@ sp_observe(Sp *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
     for (Py_ssize_t i = 0; i < nmine; i++) {
         PyTuple_SET_ITEM(mine_t, i, Py_NewRef(self->mine[i]));
     }
+    untrack_atoms(mine_t);
     result = PyTuple_New(2);
     if (result == NULL) {
         Py_DECREF(mine_t);
@@ -3991,6 +4011,7 @@ sp_observe(Sp *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
     }
     PyTuple_SET_ITEM(result, 0, run);
     PyTuple_SET_ITEM(result, 1, mine_t);
+    untrack_atoms(result);
     run = NULL;
 done:
     if (!set_done) { /* an error in the first loop: its new shared blocks leave, as in Python

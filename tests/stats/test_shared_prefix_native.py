@@ -11,6 +11,7 @@ the partition delta and the snapshot read them in it), the size and ``next_due``
 
 from __future__ import annotations
 
+import gc
 import random
 import subprocess
 import sys
@@ -200,6 +201,23 @@ def test_a_wide_int_is_the_same_block_as_an_equal_int_hashed_by_python(ids: list
     pair.request("general", 2.0, [_IntId(v) for v in ids], True)
     run, _ = pair.c.observe("third", 3.0, list(ids), (), lambda _: 2.0)
     assert run.blocks == len(ids)
+
+
+def test_the_c_indexs_results_of_ids_leave_the_garbage_collector_nothing_to_walk() -> None:
+    """A request's run, gaps and held ids are tuples of ints and floats (one set a request):
+    untracked as they are made, as the collector would untrack them at its first look; a
+    tuple holding an object that may be in a cycle stays tracked."""
+    index = NativeSharedPrefixIndex(1000, 30.0)
+    _, held = index.observe("a", 1.0, [1, 2, 3, 4], (), lambda _: 0.0)
+    result = index.observe("b", 5.0, [1, 2, 3, 9], (), {"a": 1.0}.__getitem__)
+    (run, mine), gaps = result, result[0].gaps
+    assert run.blocks == 3 and mine == (9,)
+    for made in (held, result, run, mine, gaps, *gaps):
+        assert not gc.is_tracked(made), made
+    cyclic = _IntId(7)
+    cyclic.self_ref = cyclic  # an int subclass with a __dict__ can be in a cycle
+    _, held = index.observe("c", 6.0, [cyclic], (), lambda _: 0.0)
+    assert held == (cyclic,) and gc.is_tracked(held)
 
 
 def test_the_tracker_uses_the_c_index_where_it_is_built() -> None:
