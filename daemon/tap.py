@@ -47,38 +47,32 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, DummyCookieJar, TCPConnector, web
-from aiohttp.abc import AbstractAccessLogger
-from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from kvcast.daemon.gc_tuning import tune_for_latency
 from kvcast.daemon.tap_copy import ResponseCopy, copy_for
+from kvcast.daemon.tap_http import (
+    REQUEST_SET_BY_TAP,
+    SKIP_AUTO_HEADERS,
+    TapAccessLogger,
+    bearer,
+    error_reply,
+    relayed_headers,
+    with_include_usage,
+)
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("kvcast.tap.access")
 
 TRACKED_PATHS = ("/v1/chat/completions", "/v1/completions")
-# Hop-by-hop headers (RFC 9110 section 7.6.1, plus Proxy-Authorization/-Authenticate, which are
-# for the proxy itself, section 11.7), and those the next hop's client sets itself (Host,
-# Content-Length: the tap may splice stream_options into the body; Expect: the tap has answered
-# it and holds the whole body).
-HOP_HEADERS = frozenset(
-    h.lower()
-    for h in ("Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
-              "Proxy-Authorization", "TE", "Trailer", "Transfer-Encoding", "Upgrade")
-)  # fmt: skip
-REQUEST_SET_BY_TAP = frozenset(("host", "content-length", "expect"))
-# Headers aiohttp's client would add by itself: the engine gets exactly the client's.
-SKIP_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
 MAX_BODY_BYTES = 64 << 20  # a request body the tap reads (larger: 413, as a server would say)
 INLINE_BUILD_BYTES = 16 << 10  # requests this small are built on the loop (tens of microseconds)
-INCLUDE_USAGE = b',"stream_options":{"include_usage":true}'
 LOG_EVERY_S = 10.0  # at most one warning per reason this often (the rest are counted)
 
 
@@ -123,14 +117,6 @@ class TapLimits:
                 raise ValueError(f"{name} must be >= 1 byte, got {getattr(self, name)}")
 
 
-class TapAccessLogger(AbstractAccessLogger):
-    """One line per request: method, path (never the query string), status, bytes, seconds."""
-
-    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
-        self.logger.info("%s %s %s %d %d %.3f", request.remote, request.method, request.path,
-                         response.status, response.body_length, time)  # fmt: skip
-
-
 class _RateLimitedLog:
     """Warnings at most once per ``LOG_EVERY_S`` per reason, with how many were not logged."""
 
@@ -151,36 +137,6 @@ class _RateLimitedLog:
         log.warning(message + suffix, *args)
 
 
-def _connection_named(headers: CIMultiDictProxy[str]) -> set[str]:
-    """The header names a ``Connection`` header lists (hop-by-hop for this message)."""
-    return {
-        token.strip().lower()
-        for value in headers.getall("Connection", ())
-        for token in value.split(",")
-        if token.strip()
-    }
-
-
-def relayed_headers(headers: CIMultiDictProxy[str], drop: Iterable[str] = ()) -> CIMultiDict[str]:
-    """``headers`` without the hop-by-hop ones, every repeated header kept as sent."""
-    skip = HOP_HEADERS | _connection_named(headers) | set(drop)
-    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in skip)
-
-
-def _with_include_usage(body: bytes) -> bytes | None:
-    """``body`` (a JSON object) with ``stream_options.include_usage`` spliced in before its
-    closing brace: the client's other bytes unchanged. None if it does not end in ``}``."""
-    end = len(body.rstrip())
-    if end == 0 or body[end - 1 : end] != b"}":
-        return None
-    return body[: end - 1] + INCLUDE_USAGE + body[end - 1 :]
-
-
-def _bearer(headers: CIMultiDictProxy[str]) -> str | None:
-    scheme, _, token = headers.get("Authorization", "").strip().partition(" ")
-    return token.strip() or None if scheme.lower() == "bearer" else None
-
-
 def _keywords_taken(recorder: Recorder) -> frozenset[str] | None:
     """The keywords the recorder's event builder takes (None: any). ``KafkaEventProducer``
     passes ``record``'s keywords on to ``builder.build``, so that signature is the one read."""
@@ -192,12 +148,6 @@ def _keywords_taken(recorder: Recorder) -> frozenset[str] | None:
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         return None
     return frozenset(p.name for p in parameters)
-
-
-def _error(status: int, message: str) -> web.Response:
-    """An OpenAI-shaped error the tap itself answers (502, 504)."""
-    body = {"error": {"message": message, "type": "upstream_error", "code": status}}
-    return web.json_response(body, status=status)
 
 
 class Tap:
@@ -281,7 +231,7 @@ class Tap:
         body = await request.read()
         parsed = await self._tracked(request, body)
         if parsed is not None and parsed.get("stream") is True and "stream_options" not in parsed:
-            spliced = _with_include_usage(body)
+            spliced = with_include_usage(body)
             if spliced is not None:
                 body = spliced
         url = URL(self.upstream + (request.raw_path if request.raw_path.startswith("/")
@@ -298,12 +248,12 @@ class Tap:
             self._count("upstream_504")
             self._warn.warning("504", "kvcast tap: %s %s: upstream timed out before the "
                                "response", request.method, request.path)  # fmt: skip
-            return _error(504, "kvcast tap: the upstream did not answer in time")
+            return error_reply(504, "kvcast tap: the upstream did not answer in time")
         except (ClientError, OSError) as exc:
             self._count("upstream_502")
             self._warn.warning("502", "kvcast tap: %s %s: upstream failed (%s)",
                                request.method, request.path, type(exc).__name__)  # fmt: skip
-            return _error(502, f"kvcast tap: the upstream failed ({type(exc).__name__})")
+            return error_reply(502, f"kvcast tap: the upstream failed ({type(exc).__name__})")
         return await self._relay(request, upstream, parsed, arrival_s, len(body))
 
     async def _tracked(self, request: web.Request, body: bytes) -> dict[str, Any] | None:
@@ -389,7 +339,7 @@ class Tap:
             if value:
                 context["identity"] = value
                 break
-        api_key = _bearer(request.headers)
+        api_key = bearer(request.headers)
         if api_key is not None:
             context["api_key"] = api_key
         if cut is not None:

@@ -53,14 +53,9 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from kvcast.daemon.stores.base import WindowState
-from kvcast.daemon.stores.redis_store import (
-    _STORE_ERRORS,
-    RedisStore,
-    _decode_arrivals,
-    _decode_bucket,
-    _decode_counters,
-    _unavailable,
-)
+from kvcast.daemon.stores.redis_errors import STORE_ERRORS, unavailable
+from kvcast.daemon.stores.redis_records import decode_arrivals, decode_bucket, decode_counters
+from kvcast.daemon.stores.redis_store import RedisStore
 from kvcast.stats.arrivals import ArrivalStats
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.engine import EventCounters
@@ -80,7 +75,7 @@ from kvcast.stats.window import StatsWindow, merge_anchored
 CLUSTER_SCHEMES = CLUSTER
 SENTINEL_SCHEMES = SENTINEL
 # Cluster-specific refusals: CLUSTERDOWN, no node for a slot, a topology being rebuilt.
-_CLUSTER_ERRORS = (*_STORE_ERRORS, ClusterError, RedisClusterException)
+_CLUSTER_ERRORS = (*STORE_ERRORS, ClusterError, RedisClusterException)
 # Refusals after which nothing was applied and the slot map is (being) updated: MOVED/ASK
 # (redis-py records the new owner), TRYAGAIN (keys split by a migration), CLUSTERDOWN and an
 # uncovered slot (a failover in progress). Retried at once, a few times, by commits and reads.
@@ -199,7 +194,7 @@ class RedisClusterStore(RedisStore):
         try:
             self._client.sadd(self.key("parts"), delta.partition)
         except self._errors as exc:
-            raise _unavailable(exc) from None
+            raise unavailable(exc) from None
 
     def _partitions(self) -> list[str]:
         return sorted(p.decode() for p in self._client.smembers(self.key("parts")))
@@ -214,7 +209,7 @@ class RedisClusterStore(RedisStore):
             shares = [self._read_partition(part, [int(i) for i in indices])
                       for part, indices in zip(parts, listed, strict=True)]  # fmt: skip
         except self._errors as exc:
-            raise _unavailable(exc) from None
+            raise unavailable(exc) from None
         windows = []
         arrivals = ArrivalStats(config.rate_window_s)
         counters = EventCounters()
@@ -224,12 +219,12 @@ class RedisClusterStore(RedisStore):
             own = StatsWindow(config)
             batches = iter(fetched)
             for index in indices:
-                own.buckets[index] = _decode_bucket(next(batches), next(batches), next(batches))
+                own.buckets[index] = decode_bucket(next(batches), next(batches), next(batches))
             anchors[part] = float(newest_ts) if newest_ts is not None else -math.inf
             windows.append((own, anchors[part]))
             starts, cached, inputs, meta, events = sums
-            arrivals.merge(_decode_arrivals(config.rate_window_s, starts, cached, inputs, meta))
-            _add_counters(counters, _decode_counters(events))
+            arrivals.merge(decode_arrivals(config.rate_window_s, starts, cached, inputs, meta))
+            _add_counters(counters, decode_counters(events))
             newest = max(newest, float(meta.get(b"newest_ts", -math.inf)))
         return WindowState(
             window=merge_anchored(windows, config),
@@ -264,7 +259,7 @@ class RedisClusterStore(RedisStore):
             if now == indices:
                 return indices, results[1], results[2:-5], results[-5:]
             indices = now
-        raise _unavailable(RuntimeError(f"partition {part} kept changing during its read"))
+        raise unavailable(RuntimeError(f"partition {part} kept changing during its read"))
 
     def expire(self, bucket_before: int, second_before: int) -> int:
         try:
@@ -296,7 +291,7 @@ class RedisClusterStore(RedisStore):
                 pipe.execute()
                 deleted += len(stale)
         except self._errors as exc:
-            raise _unavailable(exc) from None
+            raise unavailable(exc) from None
         return deleted
 
     def keys_of(self, partition: str | None = None) -> list[str]:

@@ -35,9 +35,7 @@ the cluster layout overrides.
 
 from __future__ import annotations
 
-import functools
 import math
-import re
 import time
 import uuid
 from collections.abc import Callable
@@ -45,23 +43,27 @@ from typing import Any
 
 import orjson
 import redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError, WatchError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import WatchError
 
-from kvcast.daemon.stores.base import StaleOwner, StoreUnavailable, WindowState
-from kvcast.stats.arrivals import ArrivalStats, SecondCounters
+from kvcast.daemon.stores.base import StaleOwner, WindowState
+from kvcast.daemon.stores.redis_errors import STORE_ERRORS, unavailable
+from kvcast.daemon.stores.redis_records import (
+    arrival_sums,
+    bucket_sums,
+    counter_sums,
+    decode_arrivals,
+    decode_bucket,
+    decode_counters,
+    delays_batch,
+    gaps_batch,
+)
+from kvcast.stats.arrivals import ArrivalStats
 from kvcast.stats.config import StatsConfig
-from kvcast.stats.engine import EventCounters
 from kvcast.stats.partition import PartitionCheckpoint, PartitionDelta
 from kvcast.stats.store_url import key_prefix, parse, table_key
 from kvcast.stats.window import (
     Bucket,
-    DelaySample,
-    MomentSums,
-    StateSums,
     StatsWindow,
-    delay_from_row,
     merge_anchored,
 )
 
@@ -92,44 +94,6 @@ for k = 1, #KEYS do
 end
 return 0
 """
-
-_MOMENT_FIELDS = ("conversations", "sum_R", "sum_H", "sum_H_hash", "sum_B", "sum_M")
-# Written only when not zero (most deployments send no block hashes).
-_SHARED_MOMENT_FIELDS = ("sum_S", "sum_S_B", "shared_born")
-_CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
-# Errors after which the store is retried with backoff instead of stopping the daemon: lost
-# connections, and a server that refuses the command (OOM at maxmemory with noeviction,
-# READONLY on a replica after a failover, LOADING, BUSY, MASTERDOWN, ...). A refused MULTI/EXEC
-# applies nothing, so retrying the whole commit later is exact.
-_STORE_ERRORS = (*_CONNECTION_ERRORS, ResponseError)
-# redis-py prefixes a pipeline's error with the failing command and its arguments (session
-# ids among them), and an unknown command's error quotes its arguments: neither may reach logs.
-_PIPELINE_PREFIX = re.compile(r"^Command # \d+ \(.*\) of pipeline caused error: ", re.S)
-_ARGS_SUFFIX = re.compile(r",? with args beginning with:.*$", re.S)
-
-
-def _unavailable(exc: Exception) -> StoreUnavailable:
-    """A store error as :class:`StoreUnavailable`, its message free of command arguments."""
-    if not isinstance(exc, ResponseError):
-        return StoreUnavailable(f"redis: {exc}")
-    text = _ARGS_SUFFIX.sub("", _PIPELINE_PREFIX.sub("", str(exc)))
-    return StoreUnavailable(f"redis refused the command: {type(exc).__name__}: {text}")
-
-
-@functools.lru_cache(maxsize=1 << 14)
-def _field(*parts: object) -> bytes:
-    """A hash field name of several parts (JSON); the few thousand names in use are cached."""
-    return orjson.dumps(parts)
-
-
-def _delay_row(d: DelaySample) -> list[object]:
-    """A delay as stored: the trailing fields left out while they hold their defaults (no
-    shared blocks; the state under the conversation's intent), as ``delay_from_row`` reads."""
-    if d.state_intent != d.intent:
-        return list(d)
-    if d.prev_shared:
-        return [d.delay_s, d.prev_blocks, d.intent, d.turn, d.prev_shared]
-    return [d.delay_s, d.prev_blocks, d.intent, d.turn]
 
 
 class _Increments:
@@ -164,7 +128,7 @@ class RedisStore:
     _commit_attempts = 1
     _retry_now: tuple[type[BaseException], ...] = ()
     # What is reported as StoreUnavailable (retried with backoff by the daemon).
-    _errors: tuple[type[BaseException], ...] = _STORE_ERRORS
+    _errors: tuple[type[BaseException], ...] = STORE_ERRORS
 
     def __init__(
         self,
@@ -216,7 +180,7 @@ class RedisStore:
         try:
             self._client.ping()
         except self._errors as exc:
-            raise _unavailable(exc) from None
+            raise unavailable(exc) from None
 
     def epoch(self) -> str:
         """The ``epoch`` key, created (a random id) by the first instance that finds none: a
@@ -242,10 +206,10 @@ class RedisStore:
                 return read()
             except (WatchError, *self._retry_now) as exc:  # a slot moved: nothing was read
                 if attempt == self._commit_attempts:
-                    raise _unavailable(exc) from None
+                    raise unavailable(exc) from None
                 time.sleep(min(0.5, 0.02 * attempt))
             except self._errors as exc:
-                raise _unavailable(exc) from None
+                raise unavailable(exc) from None
         raise AssertionError("unreachable")
 
     def load_partition(self, partition: str) -> PartitionCheckpoint | None:
@@ -282,14 +246,14 @@ class RedisStore:
                 # On a cluster a moving slot fires it too; a concurrent owner's commit shows
                 # at the next attempt's offset check (StaleOwner). Still moving: retry later.
                 if attempt == self._commit_attempts:
-                    raise _unavailable(exc) from None
+                    raise unavailable(exc) from None
                 time.sleep(min(0.5, 0.02 * attempt))
             except self._retry_now as exc:  # refused before anything was applied
                 if attempt == self._commit_attempts:
-                    raise _unavailable(exc) from None
+                    raise unavailable(exc) from None
                 time.sleep(min(0.5, 0.02 * attempt))
             except self._errors as exc:
-                raise _unavailable(exc) from None
+                raise unavailable(exc) from None
 
     def _before_commit(self, delta: PartitionDelta) -> None:
         """What a commit writes outside its transaction, first (idempotent): nothing here."""
@@ -349,61 +313,24 @@ class RedisStore:
         for index, bucket in delta.buckets.items():
             self._queue_bucket(pipe, increments, part, index, bucket)
         self._queue_arrivals(pipe, increments, part, delta.arrivals)
-        counters = delta.counters
-        counts: list[Any] = []
-        if counters.processed:
-            counts += ("processed", counters.processed)
-        if counters.duplicates:
-            counts += ("duplicates", counters.duplicates)
-        for reason, amount in counters.rejected.items():
-            if amount:
-                counts += (f"rejected:{reason}", amount)
-        increments.add(self.sum_key(part, "counters"), counts)
+        increments.add(self.sum_key(part, "counters"), counter_sums(delta.counters))
         increments.queue(pipe)
 
     def _queue_bucket(
         self, pipe: Any, increments: _Increments, part: str, index: int, bucket: Bucket
     ) -> None:
         pipe.zadd(self.part_key("buckets", part), {str(index): index})
-        sums_of_bucket: list[Any] = ["n", bucket.conversations]
-        for (intent, turn), sums in bucket.states.items():
-            sums_of_bucket += (_field("r", intent, turn), sums.reached)
-            if sums.continued:
-                sums_of_bucket += (_field("c", intent, turn), sums.continued)
-        for intent, moments in bucket.moments.items():
-            for name in _MOMENT_FIELDS:
-                sums_of_bucket += (_field("m", intent, name), getattr(moments, name))
-            for name in _SHARED_MOMENT_FIELDS:
-                if getattr(moments, name):
-                    sums_of_bucket += (_field("m", intent, name), getattr(moments, name))
-        increments.add(self.part_key("bucket", part, index), sums_of_bucket)
+        increments.add(self.part_key("bucket", part, index), bucket_sums(bucket))
         if bucket.delays:
-            pipe.rpush(
-                self.part_key("delays", part, index),
-                orjson.dumps([_delay_row(d) for d in bucket.delays]),
-            )
+            pipe.rpush(self.part_key("delays", part, index), delays_batch(bucket))
         if bucket.shared_gaps:
-            pipe.rpush(
-                self.part_key("sgaps", part, index),
-                orjson.dumps(bucket.shared_gaps),  # [[gap_s, blocks], ...]
-            )
+            pipe.rpush(self.part_key("sgaps", part, index), gaps_batch(bucket))
 
     def _queue_arrivals(
         self, pipe: Any, increments: _Increments, part: str, arrivals: ArrivalStats
     ) -> None:
-        starts: list[Any] = []
-        cached: list[Any] = []
-        inputs: list[Any] = []
-        for second, counters in arrivals.seconds.items():
-            if counters.starts:
-                starts += (second, counters.starts)
-            if counters.cached_tokens:
-                cached += (second, counters.cached_tokens)
-            if counters.input_tokens:
-                inputs += (second, counters.input_tokens)
-        increments.add(self.sum_key(part, "arr", "starts"), starts)
-        increments.add(self.sum_key(part, "arr", "cached_tokens"), cached)
-        increments.add(self.sum_key(part, "arr", "input_tokens"), inputs)
+        for name, pairs in arrival_sums(arrivals).items():
+            increments.add(self.sum_key(part, "arr", name), pairs)
         if arrivals.start_count:
             meta = self.sum_key(part, "arr", "meta")
             increments.add(meta, ["start_count", arrivals.start_count])
@@ -440,7 +367,7 @@ class RedisStore:
             pipe.hgetall(self.key("counters"))
             results = pipe.execute()
         except self._errors as exc:
-            raise _unavailable(exc) from None
+            raise unavailable(exc) from None
         starts, cached, inputs, meta, counters = results[-5:]
         newest = float(meta.get(b"newest_ts", -math.inf))
         fetched = iter(results[:-5])
@@ -449,18 +376,18 @@ class RedisStore:
         for part, indices, newest_ts in owners:
             own = StatsWindow(config)
             for index in indices:
-                own.buckets[index] = _decode_bucket(next(fetched), next(fetched), next(fetched))
+                own.buckets[index] = decode_bucket(next(fetched), next(fetched), next(fetched))
             anchors[part] = float(newest_ts) if newest_ts is not None else -math.inf
             partitions.append((own, anchors[part]))
         if legacy:
             old = StatsWindow(config)
             for index in legacy:
-                old.buckets[index] = _decode_bucket(next(fetched), next(fetched))
+                old.buckets[index] = decode_bucket(next(fetched), next(fetched))
             partitions.append((old, newest))
         return WindowState(
             window=merge_anchored(partitions, config),
-            arrivals=_decode_arrivals(config.rate_window_s, starts, cached, inputs, meta),
-            counters=_decode_counters(counters),
+            arrivals=decode_arrivals(config.rate_window_s, starts, cached, inputs, meta),
+            counters=decode_counters(counters),
             newest_event_time=newest,
             partition_newest=anchors,
         )
@@ -493,74 +420,21 @@ class RedisStore:
                     pipe.hdel(key, *old)
             pipe.execute()
         except self._errors as exc:
-            raise _unavailable(exc) from None
+            raise unavailable(exc) from None
         return deleted
 
     def publish_table(self, document: dict[str, Any]) -> None:
         try:
             self._client.set(table_key(self.namespace), orjson.dumps(document))
         except self._errors as exc:
-            raise _unavailable(exc) from None
+            raise unavailable(exc) from None
 
     def read_table(self) -> dict[str, Any] | None:
         try:
             raw = self._client.get(table_key(self.namespace))
         except self._errors as exc:
-            raise _unavailable(exc) from None
+            raise unavailable(exc) from None
         return None if raw is None else orjson.loads(raw)
 
     def close(self) -> None:
         self._client.close()
-
-
-def _decode_bucket(
-    fields: dict[bytes, bytes], delay_batches: list[bytes], gap_batches: list[bytes] = ()
-) -> Bucket:
-    bucket = Bucket(conversations=int(fields.pop(b"n", 0)))
-    for raw_field, raw_value in fields.items():
-        kind, intent, name = orjson.loads(raw_field)
-        value = int(raw_value)
-        if kind == "m":
-            setattr(bucket.moments.setdefault(intent, MomentSums()), name, value)
-        else:
-            sums = bucket.states.setdefault((intent, name), StateSums())
-            if kind == "r":
-                sums.reached = value
-            else:
-                sums.continued = value
-    for batch in delay_batches:
-        bucket.delays.extend(map(delay_from_row, orjson.loads(batch)))
-    for batch in gap_batches:
-        bucket.shared_gaps.extend((gap_s, blocks) for gap_s, blocks in orjson.loads(batch))
-    return bucket
-
-
-def _decode_arrivals(
-    rate_window_s: int,
-    starts: dict[bytes, bytes],
-    cached: dict[bytes, bytes],
-    inputs: dict[bytes, bytes],
-    meta: dict[bytes, bytes],
-) -> ArrivalStats:
-    arrivals = ArrivalStats(rate_window_s)
-    for source, name in ((starts, "starts"), (cached, "cached_tokens"), (inputs, "input_tokens")):
-        for second, value in source.items():
-            counters = arrivals.seconds.setdefault(int(second), SecondCounters())
-            setattr(counters, name, int(value))
-    arrivals.start_count = int(meta.get(b"start_count", 0))
-    arrivals.first_start = float(meta.get(b"first_start", math.inf))
-    arrivals.newest_start = float(meta.get(b"newest_start", -math.inf))
-    return arrivals
-
-
-def _decode_counters(fields: dict[bytes, bytes]) -> EventCounters:
-    counters = EventCounters()
-    for raw_name, raw_value in fields.items():
-        name, value = raw_name.decode(), int(raw_value)
-        if name == "processed":
-            counters.processed = value
-        elif name == "duplicates":
-            counters.duplicates = value
-        elif name.startswith("rejected:"):
-            counters.rejected[name.removeprefix("rejected:")] = value
-    return counters

@@ -21,32 +21,22 @@ from dataclasses import replace
 
 import numpy as np
 
+from kvcast.lab.reports.samples import steady_sample
+from kvcast.lab.reports.workloads import AGENT_BLOCK_SIZE as BLOCK_SIZE
+from kvcast.lab.reports.workloads import (
+    AGENT_DURATION_S,
+    AGENT_LAMBDA0,
+    AGENT_SEED,
+    AGENT_WARMUP,
+)
 from kvcast.lab.sim.registry import get_policy
 from kvcast.lab.workload.agent import TurnLaw
 from kvcast.lab.workload.generator import generate
 from kvcast.lab.workload.model import IntentModel, WorkloadModel
 from kvcast.lab.workload.presets import agent
-from kvcast.stats.config import StatsConfig
-from kvcast.stats.engine import StatsEngine
-from kvcast.stats.events import parse_event
 from kvcast.stats.forecast import forecast_from_sample
-from kvcast.stats.sample import WorkloadSample
 
-BLOCK_SIZE = 1024  # tokens
-# The `agent` preset's run: coding-agent conversations last hours, so the statistics and the
-# measurement are the requests from AGENT_WARMUP of the arrival window to its end.
-AGENT_LAMBDA0 = 0.01  # conversations/s
-AGENT_DURATION_S = 120_000.0
-AGENT_SEED = 1
-AGENT_WARMUP = 1 / 3
 REFINEMENTS = ("tagged", "fluctuation", "partial")
-STEADY = StatsConfig(  # one window over the whole stream, as lab.reports.validation's
-    block_size=BLOCK_SIZE,
-    completion_timeout_s=1e6,
-    rate_window_s=10**9,
-    window_conversations=10**9,
-    window_max_age_s=1e12,
-)
 
 
 def tool_loop() -> WorkloadModel:
@@ -64,22 +54,6 @@ def tool_loop() -> WorkloadModel:
     return replace(model, intents=(IntentModel("agent_tool_call"),), weights=(1.0,), agent=am)
 
 
-def steady_sample(events: list[dict], start_s: float, end_s: float) -> WorkloadSample:
-    """The product's statistics of the whole stream, with lambda0 the conversation starts
-    (sub-agents and restarted contexts included, as the daemon counts them) per second in
-    ``[start_s, end_s)``: the stationary rate, not the stream's, which the drain dilutes."""
-    engine = StatsEngine(STEADY)
-    starts = 0
-    for raw in events:
-        event = parse_event(raw)
-        started = engine.apply(event, event.intent or "unknown") == "accepted" and (
-            event.turn == 1 or engine.tracker.restarted
-        )
-        starts += started and start_s <= event.timestamp < end_s
-    engine.finish()
-    return replace(engine.snapshot().sample, lambda0=starts / (end_s - start_s))
-
-
 def rows(
     name: str, model: WorkloadModel, lambda0: float, duration_s: float, seed: int,
     capacities: tuple[int, ...], warmup_fraction: float,
@@ -89,7 +63,9 @@ def rows(
     sim = trace.sim_trace()
     steady = sim.timestamp >= warmup_fraction * duration_s
     steady &= sim.timestamp < duration_s
-    sample = steady_sample(list(trace.events()), warmup_fraction * duration_s, duration_s)
+    sample = steady_sample(
+        list(trace.events()), BLOCK_SIZE, warmup_fraction * duration_s, duration_s
+    )
     lru = get_policy("lru", "block")
     out = []
     mean_blocks = float(np.mean(sim.blocks))

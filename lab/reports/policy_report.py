@@ -30,8 +30,8 @@ import orjson
 
 from kvcast.lab.reports.policy_plot import plot_report
 from kvcast.lab.reports.policy_results import ForecastRow, PolicyRow, Report, Workload
+from kvcast.lab.reports.samples import sample_from_events
 from kvcast.lab.reports.tasks import map_tasks
-from kvcast.lab.reports.validation import sample_from_events
 from kvcast.lab.sim.block_cache import block_layout
 from kvcast.lab.sim.measurement import first_times
 from kvcast.lab.sim.registry import simulate

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
 from kvcast.lab.reports.tasks import report_main, run_per_workload
 from kvcast.lab.reports.workloads import (
@@ -154,23 +153,6 @@ class TierReport:
         return "\n".join(lines)
 
 
-def _simulated_shares(
-    w: ValidationWorkload,
-    served: NDArray[np.int64],
-    caps: list[int],
-    mode: str,
-    measured: tuple[float, float],
-) -> tuple[float, float]:
-    """Each tier's share of the measured requests' input blocks."""
-    steady = w.steady_requests()
-    if steady is None:
-        sim = measure_tiers(w.trace, served, ["gpu", "host"], caps, mode, *measured)
-        return sim.tiers[0].hit_ratio, sim.tiers[1].hit_ratio
-    total = int(w.trace.blocks[steady].sum())
-    gpu, host = (int(v) for v in served[steady].sum(axis=0))
-    return gpu / total, host / total
-
-
 def _points(
     name: str,
     w: ValidationWorkload,
@@ -180,13 +162,16 @@ def _points(
     hosts: tuple[int, ...],
 ) -> list[TierPoint]:
     layout = block_layout(w.trace)  # one layout for every run on this trace
+    steady = w.steady_requests()  # None: whole conversations by the measured fractions
     out = []
     for mode in grid.modes:
         for gpu in gpus:
             for host in hosts:
                 caps = [gpu, host]
                 served = tiered_block_hits(w.trace, caps, mode, layout=layout)
-                simulated_gpu, simulated_host = _simulated_shares(w, served, caps, mode, measured)
+                sim = measure_tiers(
+                    w.trace, served, ["gpu", "host"], caps, mode, *measured, requests=steady
+                ).tiers
                 f = forecast_from_sample(
                     w.sample, gpu, w.block_size, tiers=[Tier("host", host)], tier_mode=mode
                 )
@@ -196,8 +181,8 @@ def _points(
                         mode=mode,
                         gpu_blocks=gpu,
                         host_blocks=host,
-                        simulated_gpu=simulated_gpu,
-                        simulated_host=simulated_host,
+                        simulated_gpu=sim[0].hit_ratio,
+                        simulated_host=sim[1].hit_ratio,
                         forecast_gpu=float(f.tiers[0].hit_ratio or 0.0),
                         forecast_host=float(f.tiers[1].hit_ratio or 0.0),
                     )

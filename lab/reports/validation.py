@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import brentq
 
+from kvcast.lab.reports.samples import sample_from_events
 from kvcast.lab.reports.validation_plot import plot_report
 from kvcast.lab.reports.validation_report import (
     PointResult,
@@ -31,9 +32,6 @@ from kvcast.lab.reports.validation_report import (
 from kvcast.lab.sim.registry import simulate
 from kvcast.lab.workload.generator import generate
 from kvcast.lab.workload.presets import preset
-from kvcast.stats.config import StatsConfig
-from kvcast.stats.engine import StatsEngine
-from kvcast.stats.events import parse_event
 from kvcast.stats.finite_size import FluctuationModel, final_blocks_second_moment
 from kvcast.stats.forecast import (
     DEFAULT_DISPLACEMENT,
@@ -61,23 +59,6 @@ def estimator_names() -> tuple[str, ...]:
         if not (v == "paper" and d == "whole")
         for r in REFINEMENTS
     )
-
-
-def sample_from_events(events: object, block_size: int) -> WorkloadSample:
-    """The product's statistics from event dicts: one window holding the whole input."""
-    config = StatsConfig(
-        block_size=block_size,
-        completion_timeout_s=1e6,
-        rate_window_s=10**9,
-        window_conversations=10**9,
-        window_max_age_s=1e12,
-    )
-    engine = StatsEngine(config)
-    for raw in events:  # type: ignore[attr-defined]
-        event = parse_event(raw)
-        engine.apply(event, event.intent or "unknown")
-    engine.finish()
-    return engine.snapshot().sample
 
 
 def evaluate_trace(

@@ -12,21 +12,21 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from kvcast.lab.reports.big_context_validation import (
-    AGENT_DURATION_S,
-    AGENT_LAMBDA0,
-    AGENT_SEED,
-    AGENT_WARMUP,
-    steady_sample,
-)
-from kvcast.lab.reports.big_context_validation import BLOCK_SIZE as AGENT_BLOCK_SIZE
-from kvcast.lab.reports.validation import sample_from_events
+from kvcast.lab.reports.samples import sample_from_events, steady_sample
 from kvcast.lab.sim.trace import SimTrace
 from kvcast.lab.traces.mooncake import BLOCK_SIZE as MOONCAKE_BLOCK_SIZE
 from kvcast.lab.traces.mooncake import convert_mooncake
 from kvcast.lab.workload.generator import generate
 from kvcast.lab.workload.presets import agent, preset
 from kvcast.stats.sample import WorkloadSample
+
+AGENT_BLOCK_SIZE = 1024  # tokens
+# The `agent` preset's run: coding-agent conversations last hours, so the statistics and the
+# measurement are the requests from AGENT_WARMUP of the arrival window to its end.
+AGENT_LAMBDA0 = 0.01  # conversations/s
+AGENT_DURATION_S = 120_000.0
+AGENT_SEED = 1
+AGENT_WARMUP = 1 / 3
 
 DEFAULT_MOONCAKE = (
     Path(__file__).resolve().parents[2] / "data/traces/mooncake_synthetic_trace.jsonl"
@@ -115,7 +115,7 @@ def agent_workload(duration_s: float = AGENT_DURATION_S) -> ValidationWorkload:
     )
     events = list(trace.events())
     steady = (AGENT_WARMUP * duration_s, duration_s)
-    sample = steady_sample(events, *steady)
+    sample = steady_sample(events, AGENT_BLOCK_SIZE, *steady)
     return ValidationWorkload(
         events, sample, trace.sim_trace(), AGENT_BLOCK_SIZE, (0.0, 0.0), steady_s=steady
     )

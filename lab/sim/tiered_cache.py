@@ -261,12 +261,18 @@ def measure_tiers(
     warmup_fraction: float = 0.2,
     cooldown_fraction: float = 0.2,
     elapsed_s: float = 0.0,
+    requests: NDArray[np.bool_] | None = None,
 ) -> TieredResult:
     """Per-tier hit ratios of ``served`` (from :func:`tiered_block_hits`) over whole measured
-    conversations (``warmup_fraction`` / ``cooldown_fraction`` of the first-turn times)."""
-    mask, n_conv = measured_requests(
-        trace.conversation, trace.timestamp, trace.conversations, warmup_fraction, cooldown_fraction
-    )
+    conversations (``warmup_fraction`` / ``cooldown_fraction`` of the first-turn times), or
+    over the ``requests`` given (a mask over the trace's requests; the fractions unused)."""
+    if requests is None:
+        mask, n_conv = measured_requests(
+            trace.conversation, trace.timestamp, trace.conversations, warmup_fraction,
+            cooldown_fraction,
+        )  # fmt: skip
+    else:
+        mask, n_conv = requests, len(np.unique(trace.conversation[requests]))
     per_tier = served[mask].sum(axis=0) if served.size else np.zeros(len(names), np.int64)
     total_in = int(trace.blocks[mask].sum())
     tiers = tuple(

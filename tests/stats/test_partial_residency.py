@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from scipy import integrate, stats
 
 from kvcast.lab.reports.big_context_validation import tool_loop
-from kvcast.lab.reports.validation import sample_from_events
+from kvcast.lab.reports.samples import sample_from_events
 from kvcast.lab.sim.registry import get_policy
 from kvcast.lab.workload.generator import generate
 from kvcast.stats.estimators import sample_model

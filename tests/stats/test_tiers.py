@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcast.lab.reports.validation import sample_from_events
+from kvcast.lab.reports.samples import sample_from_events
 from kvcast.lab.reports.workloads import steady_rate
 from kvcast.lab.sim.tiered_cache import measure_tiers, tiered_block_hits
 from kvcast.lab.workload.generator import generate

@@ -133,6 +133,24 @@ def test_preset_identity(mode: str) -> None:
     assert [t.hit_blocks for t in result.tiers] == [int(gpu.sum()), int((total - gpu).sum())]
 
 
+def test_a_request_mask_measures_exactly_those_requests() -> None:
+    """A time window of requests (the agent validation's steady part) instead of whole
+    conversations: each tier's share is its served blocks over the window's input blocks."""
+    trace = generate(preset("agentic"), lambda0=0.5, duration_s=1500.0, seed=3).sim_trace()
+    caps = [300, 900]
+    served = tiered_block_hits(trace, caps, "exclusive")
+    window = (trace.timestamp >= 500.0) & (trace.timestamp < 1000.0)
+    result = measure_tiers(trace, served, ["gpu", "host"], caps, "exclusive", requests=window)
+    total = int(trace.blocks[window].sum())
+    assert [t.hit_ratio for t in result.tiers] == [
+        int(served[window, k].sum()) / total for k in range(2)
+    ]
+    assert result.measured_requests == int(window.sum())
+    assert result.measured_conversations == len(set(trace.conversation[window].tolist()))
+    whole = measure_tiers(trace, served, ["gpu", "host"], caps, "exclusive", 0.0, 0.0)
+    assert whole.measured_requests == len(trace) > result.measured_requests
+
+
 def test_bad_capacities_and_mode() -> None:
     trace = _hashed([[1]])
     with pytest.raises(ValueError, match="tier mode"):
