@@ -204,3 +204,7 @@ def test_the_cost_figures_are_the_benchmark_tables() -> None:
     events = re.search(r"([\d,]+) events", replay[0]).group(1)
     ratio = replay[3].split(" ")[0]
     assert f"`kvcast replay` of {events} events runs at {ratio} of a bare `json.loads`" in readme
+    shared = _row("docs/performance.md", "| `kvcast replay FILE` with block ids")
+    rate = re.search(r"\(([\d,-]+) events/s, the native engine\)", shared[1]).group(1)
+    speedup = shared[3].split(" ")[0]
+    assert f"block ids (shared prefixes) at {rate} events/s, {speedup} faster" in readme
