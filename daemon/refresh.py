@@ -22,6 +22,7 @@ from kvcast.stats.forecast import forecast_from_sample, tier_planner
 from kvcast.stats.sample import WorkloadSample
 from kvcast.stats.snapshot import Snapshot, take_snapshot
 from kvcast.stats.table import table_document
+from kvcast.stats.tiers import GPU
 
 CURVE_POINTS = 17  # capacities from N/16 to 16N, geometric, N in the middle
 PLANS_CACHED = 64  # planner answers kept per refresh (by target and tier)
@@ -89,11 +90,19 @@ def compute_refresh(state: WindowState, settings: DaemonSettings, table_version:
         tier_mode=settings.tier_mode,
         **common,
     )
+    # Each target's capacity is forecast_from_sample(..., target=target).required_capacity;
+    # one planner solves that model once for all of them instead of once each.
+    single_cache = tier_planner(
+        snapshot.sample,
+        settings.capacity_blocks,
+        config.block_size,
+        settings.instances,
+        kv_bytes_per_token=settings.kv_bytes_per_token,
+    )
     forecast = ForecastDocument(
         forecast=model,
         required_capacity_by_target=tuple(
-            forecast_from_sample(snapshot.sample, target=target, **common).required_capacity
-            for target in settings.target_hit_ratios
+            single_cache(target, GPU) for target in settings.target_hit_ratios
         ),
         event_time=now,
         window_conversations=snapshot.window_conversations,

@@ -137,8 +137,9 @@ class _SecondBuckets:
 
 def shared_index_for(config: StatsConfig) -> SharedPrefixIndex:
     """The shared-prefix index a tracker of ``config`` keeps (off at ``shared_index_blocks``
-    0): ``shared_index_blocks`` ids, forgotten ``completion_timeout_s`` after their last
-    reference, every id of the first ``shared_index_dense_tokens`` tokens indexed."""
+    0): at most ``shared_index_blocks`` ids, a shared one forgotten ``completion_timeout_s``
+    after its last reference, every id of a request's first 2 x ``shared_index_dense_tokens``
+    tokens indexed (at least ``MIN_DENSE_BLOCKS`` blocks' worth), fewer beyond."""
     return SharedPrefixIndex(
         config.shared_index_blocks,
         config.completion_timeout_s,

@@ -25,6 +25,7 @@ from kvcast.lab.workload.generator import generate
 from kvcast.lab.workload.presets import preset
 from kvcast.stats.config import StatsConfig
 from kvcast.stats.documents import TableDocument
+from kvcast.stats.forecast import forecast_from_sample
 from kvcast.stats.ingest import ingest
 from kvcast.stats.labeller import IntentLabeller
 from kvcast.stats.partition import PartitionEngine
@@ -121,6 +122,26 @@ def test_a_refresh_forecasts_with_the_capacity_curve_and_one_capacity_per_target
     reached = [entry["blocks"] for entry in required if entry["status"] == "ok"]
     assert reached and reached == sorted(reached)  # a higher target needs no fewer blocks
     orjson.dumps(forecast)  # the forecast document is JSON as it is
+
+
+@pytest.mark.parametrize("kv_bytes_per_token", [None, 2048])
+def test_each_targets_capacity_is_the_forecast_of_that_target(
+    state: WindowState, kv_bytes_per_token: int | None
+) -> None:
+    """The refresh answers every target with one solve of the model; each answer is the one
+    a forecast asked for that target alone gives, with the same instances and bytes."""
+    settings = replace(SETTINGS, instances=2, kv_bytes_per_token=kv_bytes_per_token)
+    refresh = compute_refresh(state, settings, table_version=1)
+    sample = refresh.snapshot.sample
+    alone = tuple(
+        forecast_from_sample(
+            sample, settings.capacity_blocks, STATS.block_size, 2,
+            kv_bytes_per_token=kv_bytes_per_token, target=target,
+        ).required_capacity
+        for target in settings.target_hit_ratios
+    )  # fmt: skip
+    assert refresh.forecast.required_capacity_by_target == alone
+    assert {r.status for r in alone} == {"ok"}  # 0.2-0.6 are within reach of this workload
 
 
 def test_a_refresh_is_stamped_with_the_newest_event_time_and_the_window_it_read(
