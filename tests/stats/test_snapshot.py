@@ -67,18 +67,23 @@ def test_an_empty_window_gives_no_states_and_empty_typed_samples() -> None:
 
 # Run in a fresh process: a test worker may hold threads of its own (servers, consumers).
 _SPIN_PROBE = """
-import os, time
+import os
 from pathlib import Path
 import numpy as np
+from kvcast.lab.bench.processes import wait_until
 from kvcast.stats.snapshot import _shared_reuse
 
-def others():
-    total = 0
+def other_threads():
     for task in Path("/proc/self/task").iterdir():
         if int(task.name) != os.getpid():
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
-    return total
+            yield (task / "stat").read_text().rsplit(")", 1)[1].split()
+
+def others():
+    # utime + stime of every other thread (clock ticks)
+    return sum(int(fields[11]) + int(fields[12]) for fields in other_threads())
+
+def all_asleep():
+    return all(fields[0] != "R" for fields in other_threads())
 
 rng = np.random.default_rng(0)
 gaps_s = np.sort(rng.lognormal(3.0, 1.0, 20_000))
@@ -86,7 +91,9 @@ blocks = rng.integers(1, 40, 20_000)
 before = others()
 for _ in range(3):
     law = _shared_reuse(gaps_s, blocks, 100.0)
-time.sleep(0.3)  # the window watched: a woken BLAS thread spins ~0.1 s, then sleeps
+# A woken BLAS thread spins (runnable) for ~0.1 s, then sleeps: its ticks are counted once
+# every other thread is asleep again.
+wait_until(all_asleep, 10.0, "the other threads to sleep")
 logs = np.repeat(np.log(gaps_s), blocks)
 print(others() - before, law.mu / logs.mean() - 1, law.sigma / logs.std() - 1)
 """
