@@ -51,6 +51,12 @@ from kvcast.stats.estimators import (
     shared_model,
 )
 from kvcast.stats.finite_size import FluctuationModel
+from kvcast.stats.forecast_assembly import (
+    assemble_forecast,
+    check_inputs,
+    instance_rate,
+    required_capacity,
+)
 from kvcast.stats.forecast_result import (
     CurvePoint,
     Forecast,
@@ -66,10 +72,7 @@ from kvcast.stats.tiers import (
     GPU,
     Tier,
     TierForecast,
-    check_tiers,
-    plan_tier,
     stack,
-    tier_shares,
 )
 
 __all__ = [
@@ -95,120 +98,6 @@ __all__ = [
 
 
 SHARINGS = ("auto", "none")
-
-
-def _validate(
-    capacity_blocks: float,
-    block_size: int,
-    instances: int,
-    lambda0: float | None,
-    capacities: Sequence[float] | None,
-    target: float | None,
-    kv_bytes_per_token: float | None,
-    tiers: Sequence[Tier] = (),
-    tier_mode: str = DEFAULT_TIER_MODE,
-    target_tier: str = GPU,
-) -> None:
-    if not (math.isfinite(capacity_blocks) and capacity_blocks > 0):
-        raise ValueError(f"capacity_blocks must be > 0, got {capacity_blocks}")
-    if int(block_size) != block_size or block_size < 1:
-        raise ValueError(f"block_size must be a positive integer (tokens), got {block_size}")
-    if int(instances) != instances or instances < 1:
-        raise ValueError(f"instances must be a positive integer, got {instances}")
-    if lambda0 is not None and not (math.isfinite(lambda0) and lambda0 >= 0):
-        raise ValueError(f"lambda0 must be >= 0 conversations/s, got {lambda0}")
-    for c in capacities or ():
-        if not (math.isfinite(c) and c > 0):
-            raise ValueError(f"every capacity must be > 0 blocks, got {c}")
-    if target is not None and not (0 < target < 1):
-        raise ValueError(f"target hit ratio must be strictly between 0 and 1, got {target}")
-    if kv_bytes_per_token is not None and not (kv_bytes_per_token > 0):
-        raise ValueError(f"kv_bytes_per_token must be > 0, got {kv_bytes_per_token}")
-    check_tiers(capacity_blocks, tiers, tier_mode)
-    names = [GPU, *(t.name for t in tiers)]
-    if target_tier not in names:
-        raise ValueError(f"tier {target_tier!r} to plan is not in the stack ({', '.join(names)})")
-
-
-def _rate(lambda0: float | None, instances: int) -> tuple[float, str | None]:
-    """Per-instance rate (0 when unknown) and the rate status, if degenerate."""
-    if lambda0 is None:
-        return 0.0, "no_rate"
-    if lambda0 == 0:
-        return 0.0, "zero_rate"
-    return lambda0 / instances, None
-
-
-def _required(
-    model: HitRatioModel,
-    target: float,
-    block_size: int,
-    kv_bytes_per_token: float | None,
-    degenerate: str | None,
-    capacities: Sequence[tuple[str, float]] = (),
-    tier_mode: str = DEFAULT_TIER_MODE,
-    tier: str = GPU,
-) -> RequiredCapacity:
-    if degenerate is not None:
-        return RequiredCapacity(target, None, None, degenerate, tier)
-    plan = plan_tier(model.hit_ratio, model.required_capacity, capacities, tier_mode, tier, target)
-    if plan.blocks is None:
-        return RequiredCapacity(target, None, None, plan.status, tier)
-    nbytes = None
-    if kv_bytes_per_token is not None:
-        nbytes = math.ceil(plan.blocks * block_size * kv_bytes_per_token)
-    return RequiredCapacity(target, plan.blocks, nbytes, plan.status, tier)
-
-
-def _assemble(
-    model: HitRatioModel,
-    single: HitRatioModel,
-    fields: dict[str, Any],
-    capacities: Sequence[float] | None,
-    target: float | None,
-    kv_bytes_per_token: float | None,
-    rate_status: str | None,
-    tiers: Sequence[Tier] = (),
-    tier_mode: str = DEFAULT_TIER_MODE,
-    target_tier: str = GPU,
-) -> tuple[Forecast, float]:
-    """Solve at ``fields['capacity_blocks']`` (plus curve, tiers and target) and build the
-    Forecast."""
-    n = fields["capacity_blocks"]
-    layers = stack(n, tiers)
-    shares = tier_shares(model.hit_ratio, [c for _, c in layers], tier_mode)
-    t_c = float(model.characteristic_time(n))
-    upper = model.upper_bound
-    status = rate_status or (
-        "no_reuse" if upper <= 0 else ("never_full" if not math.isfinite(t_c) else "ok")
-    )
-    curve = None
-    if capacities is not None:
-        ts, hs = model.curve(np.asarray(list(capacities), dtype=np.float64))
-        curve = tuple(
-            CurvePoint(float(c), float(h), finite_or_none(t))
-            for c, t, h in zip(capacities, ts, hs, strict=True)
-        )
-    req = None
-    if target is not None:
-        req = _required(
-            model, target, fields["block_size"], kv_bytes_per_token, rate_status,
-            layers, tier_mode, target_tier,
-        )  # fmt: skip
-    forecast = Forecast(
-        status=status,
-        hit_ratio=float(model.hit_ratio(n)),
-        hit_ratio_single_class=float(single.hit_ratio(n)),
-        upper_bound=upper,
-        characteristic_time_s=finite_or_none(t_c),
-        characteristic_time_single_class_s=finite_or_none(float(single.characteristic_time(n))),
-        curve=curve,
-        required_capacity=req,
-        tier_mode=tier_mode,
-        tiers=tuple(TierForecast(name, c, h) for (name, c), h in zip(layers, shares, strict=True)),
-        **fields,
-    )
-    return forecast, t_c
 
 
 def _resident(model: HitRatioModel, sample: WorkloadSample, n: float, t_c: float) -> NDArray:
@@ -281,7 +170,7 @@ def forecast_from_sample(
     """
     lambda0 = sample.lambda0
     tiered = dict(tiers=tuple(tiers), tier_mode=tier_mode, target_tier=target_tier)
-    _validate(
+    check_inputs(
         capacity_blocks, block_size, instances, lambda0, capacities, target, kv_bytes_per_token,
         **tiered,
     )  # fmt: skip
@@ -289,7 +178,7 @@ def forecast_from_sample(
         raise ValueError(f"refinement must be one of {', '.join(REFINEMENTS)}, got {refinement!r}")
     if variant == "paper":
         displacement, refinement = "hashable", "none"
-    lam, rate_status = _rate(lambda0, instances)
+    lam, rate_status = instance_rate(lambda0, instances)
     tot = sample.total()
     L = tot.conversations
     fields: dict[str, Any] = dict(
@@ -331,7 +220,7 @@ def forecast_from_sample(
     single = (
         conversational if exact_paper else sample_model(sample, lam, "paper", refinement="none")
     )
-    forecast, t_c = _assemble(
+    forecast, t_c = assemble_forecast(
         model, single, fields, capacities, target, kv_bytes_per_token, rate_status, **tiered
     )
     _, _, hit_w = revisit_weights(sample, variant, displacement)
@@ -403,7 +292,7 @@ def tier_planner(
     target_tier=tier).required_capacity``, with the model solved once, at the first call (a
     query then costs a search, not a forecast). ValueError for a bad target or tier."""
     tiers = tuple(tiers)
-    _validate(
+    check_inputs(
         capacity_blocks, block_size, instances, sample.lambda0, None, None, kv_bytes_per_token,
         tiers, tier_mode,
     )  # fmt: skip
@@ -411,7 +300,7 @@ def tier_planner(
         raise ValueError(f"refinement must be one of {', '.join(REFINEMENTS)}, got {refinement!r}")
     if variant == "paper":
         displacement, refinement = "hashable", "none"
-    lam, rate_status = _rate(sample.lambda0, instances)
+    lam, rate_status = instance_rate(sample.lambda0, instances)
     layers = stack(capacity_blocks, tiers)
     names = [name for name, _ in layers]
     empty = sample.total().conversations <= 0
@@ -433,7 +322,7 @@ def tier_planner(
                         instances,
                     )[0]
                 )  # fmt: skip
-        return _required(
+        return required_capacity(
             built[0], target, int(block_size), kv_bytes_per_token, rate_status, layers,
             tier_mode, tier,
         )  # fmt: skip
@@ -487,7 +376,7 @@ def forecast_from_moments(
     ``tier_mode`` and ``target_tier`` as in :func:`forecast_from_sample`.
     """
     tiered = dict(tiers=tuple(tiers), tier_mode=tier_mode, target_tier=target_tier)
-    _validate(
+    check_inputs(
         capacity_blocks, block_size, instances, lambda0, capacities, target, kv_bytes_per_token,
         **tiered,
     )  # fmt: skip
@@ -503,7 +392,7 @@ def forecast_from_moments(
     if displacement == "whole" and A_H is None:
         raise ValueError("displacement 'whole' needs A_H (mean sum_{j<M} R_j)")
     lambda0 = None if lambda0 is None else float(lambda0)
-    lam, rate_status = _rate(lambda0, instances)
+    lam, rate_status = instance_rate(lambda0, instances)
     move = A_H if displacement == "whole" and A_H is not None else A_H_hash
     kw = dict(lam=lam, E_B=E_B, A_R=A_R, A_hit=A_H_hash)
     model = single_class_model(delay, A_move=move, **kw)
@@ -526,6 +415,6 @@ def forecast_from_moments(
         delay_samples=int(getattr(delay, "n", 0)),
         delay=delay.describe(),
     )
-    return _assemble(
+    return assemble_forecast(
         model, single, fields, capacities, target, kv_bytes_per_token, rate_status, **tiered
     )[0]
