@@ -20,6 +20,11 @@ Shared blocks keep the table's shared law.
 
 With ``--warmup-law`` the empirical law is learned on the warm-up's conversations, as the
 table is: an empirical law in the table instead of the log-normal, an engine could have that.
+With ``--cross-fit K`` it is cross-fitted: conversations fall into K folds by id and each
+request's law is learned on the other folds, from the same hours of traffic (a drift
+included) but never from its own conversation. What the in-sample bound gains over the
+cross-fitted one is knowledge of the measured conversations themselves, which no ranking can
+have; what the cross-fitted one gains over the table is what a better law could give.
 The empirical law is keyed by each request's own intent (the state whose blocks it leaves),
 where the table's statistics key a conversation's every state by its latest intent (SPEC
 section 3).
@@ -29,7 +34,7 @@ cache); ``--every-capacity`` runs it at every capacity of the report, for issue 
 ``density`` at least :data:`BOUND_SHARE` of the in-sample bound's hit ratio everywhere.
 ``--workloads`` keeps the named workloads of the report's.
 
-``python -m kvcast.lab.reports.policy_bound [--warmup-law] [--every-capacity]
+``python -m kvcast.lab.reports.policy_bound [--warmup-law | --cross-fit K] [--every-capacity]
 [--workloads agent,mixed] [--markdown docs/policies.md] [--json]``.
 """
 
@@ -37,7 +42,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -62,10 +67,18 @@ BOUND_SHARE = 0.97  # issue 33: density >= this x the in-sample bound's hit rati
 MARKERS = {  # (law, every capacity) -> the markers its table is written between
     ("in-sample", False): ("<!-- policy-bound:begin -->", "<!-- policy-bound:end -->"),
     ("warm-up", False): ("<!-- policy-bound-warmup:begin -->", "<!-- policy-bound-warmup:end -->"),
+    ("cross-fitted", False): (
+        "<!-- policy-bound-crossfit:begin -->",
+        "<!-- policy-bound-crossfit:end -->",
+    ),
     ("in-sample", True): ("<!-- policy-bound-every:begin -->", "<!-- policy-bound-every:end -->"),
     ("warm-up", True): (
         "<!-- policy-bound-every-warmup:begin -->",
         "<!-- policy-bound-every-warmup:end -->",
+    ),
+    ("cross-fitted", True): (
+        "<!-- policy-bound-every-crossfit:begin -->",
+        "<!-- policy-bound-every-crossfit:end -->",
     ),
 }
 
@@ -113,28 +126,58 @@ class InSampleDensity(Density):
 
 
 def empirical_curves(
-    trace: SimTrace, horizon_s: float, learn: NDArray[np.bool_] | None = None
+    trace: SimTrace,
+    horizon_s: float,
+    learn: NDArray[np.bool_] | None = None,
+    folds: int = 1,
 ) -> list[list[float]]:
     """Each request's curve: its state's (intent, turn) empirical law over the requests
-    ``learn`` selects (default: the whole trace, in-sample)."""
+    ``learn`` selects (default: the whole trace, in-sample).
+
+    ``folds`` > 1 cross-fits the law: conversations fall into ``folds`` folds by id, and a
+    request's curve is learned on the other folds' requests only, so that no request's law
+    has seen its own conversation (nor its own delay) while it still comes from the same
+    traffic, drift included."""
     delays = next_turn_delays(trace)
     labels = intent_labels(trace)
     states = list(zip(labels, trace.turn.tolist(), strict=True))
-    members: dict[tuple[str, int], list[int]] = {state: [] for state in states}
-    pooled: dict[str, list[int]] = {state[0]: [] for state in states}
-    for r, state in enumerate(states):
-        if learn is None or learn[r]:
-            members[state].append(r)
-            pooled[state[0]].append(r)
-    curves: dict[tuple[str, int], list[float]] = {}
-    out = []
-    for state in states:
-        key = state if len(members[state]) >= MIN_SAMPLES else (state[0], 0)
-        if key not in curves:
-            rows = members[state] if key == state else pooled[state[0]]
-            curves[key] = empirical_curve(delays[rows], horizon_s)
-        out.append(curves[key])
+    selected = np.ones(len(states), dtype=bool) if learn is None else learn
+    fold_of = trace.conversation % folds
+    out: list[list[float]] = [[] for _ in states]
+    for fold in range(folds):
+        learned_on = selected & (fold_of != fold) if folds > 1 else selected
+        applies_to = np.flatnonzero(fold_of == fold)
+        law = _state_law(states, delays, learned_on, horizon_s)
+        for r in applies_to.tolist():
+            out[r] = law(states[r])
     return out
+
+
+def _state_law(
+    states: Sequence[tuple[str, int]],
+    delays: NDArray[np.float64],
+    learned_on: NDArray[np.bool_],
+    horizon_s: float,
+) -> Callable[[tuple[str, int]], list[float]]:
+    """The curve of each state, learned on the requests ``learned_on`` selects; a state with
+    fewer than :data:`MIN_SAMPLES` of them takes its intent's pooled law (one list per law)."""
+    members: dict[tuple[str, int], list[int]] = {}
+    pooled: dict[str, list[int]] = {}
+    for r in np.flatnonzero(learned_on).tolist():
+        members.setdefault(states[r], []).append(r)
+        pooled.setdefault(states[r][0], []).append(r)
+    curves: dict[tuple[str, int], list[float]] = {}
+
+    def law(state: tuple[str, int]) -> list[float]:
+        own = members.get(state, [])
+        key = state if len(own) >= MIN_SAMPLES else (state[0], 0)
+        curve = curves.get(key)
+        if curve is None:
+            rows = own if key == state else pooled.get(state[0], [])
+            curve = curves[key] = empirical_curve(delays[rows], horizon_s)
+        return curve
+
+    return law
 
 
 @dataclass(frozen=True)
@@ -168,17 +211,18 @@ def bound_rows(
     layout: BlockLayout | None = None,
     warmup_law: bool = False,
     every_capacity: bool = False,
+    folds: int = 1,
 ) -> list[BoundRow]:
     """The bound at each of ``wl``'s capacities where LRU holds under half of the unlimited
     cache's hit ratio (the capacities of the gap target; ``every_capacity``: at all of them).
     ``warmup_law``: the empirical law learned on the warm-up's conversations, as the table is,
-    instead of in-sample."""
+    instead of in-sample; ``folds`` > 1: cross-fitted (:func:`empirical_curves`)."""
     layout = layout or block_layout(wl.trace)
     window = (wl.warmup_fraction, wl.cooldown_fraction)
     everything = int(wl.trace.blocks.sum()) + 1
     unlimited = simulate(wl.trace, everything, "lru", "block", *window, layout=layout).hit_ratio
     learn = history_mask(wl.trace, wl.warmup_fraction) if warmup_law else None
-    curves = {h: empirical_curves(wl.trace, h, learn) for h in horizons_s}
+    curves = {h: empirical_curves(wl.trace, h, learn, folds) for h in horizons_s}
     rows = []
     for n in wl.capacities:
         lru = simulate(wl.trace, n, "lru", "block", *window, layout=layout).hit_ratio
@@ -251,7 +295,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--markdown", metavar="FILE", help="also write the table into FILE between its markers"
     )
+    parser.add_argument(
+        "--cross-fit",
+        type=int,
+        default=1,
+        metavar="K",
+        help="learn each request's law on the other K-1 of K folds of conversations (K >= 2)",
+    )
     args = parser.parse_args(argv)
+    if args.cross_fit != 1 and (args.cross_fit < 2 or args.warmup_law):
+        parser.error("--cross-fit takes K >= 2 folds, and not with --warmup-law")
     workloads = default_workloads(args.quick)
     if args.workloads:
         keep = args.workloads.split(",")
@@ -261,9 +314,16 @@ def main(argv: list[str] | None = None) -> int:
         workloads = [wl for wl in workloads if wl.name in keep]
     rows: list[BoundRow] = []
     for wl in workloads:
-        rows.extend(bound_rows(wl, warmup_law=args.warmup_law, every_capacity=args.every_capacity))
+        rows.extend(
+            bound_rows(
+                wl,
+                warmup_law=args.warmup_law,
+                every_capacity=args.every_capacity,
+                folds=args.cross_fit,
+            )
+        )
         print(f"{wl.name}: {len(rows)} points so far", file=sys.stderr)
-    law = "warm-up" if args.warmup_law else "in-sample"
+    law = "warm-up" if args.warmup_law else "cross-fitted" if args.cross_fit > 1 else "in-sample"
     text = to_markdown(rows, law)
     if args.markdown:
         write_between_markers(Path(args.markdown), text, *MARKERS[law, args.every_capacity])

@@ -115,3 +115,47 @@ def test_every_capacity_runs_the_bound_at_all_of_them_and_the_table_says_the_sha
     assert md.splitlines()[0].endswith("| density / in-sample |")
     assert "| w | 100 | 0.100 | 0.200 | 0.250 (H = 10 s) | 0.400 | +33% | +50% | 0.800 |" in md
     assert md.endswith("at 1 of 2 points; not at w N=100 (0.800).")
+
+
+def two_turn_trace(delays: list[float]) -> SimTrace:
+    """Conversation c: turn 1 at 10 c s, turn 2 ``delays[c]`` s later."""
+    n = len(delays)
+    conversations = [c for c in range(n) for _ in (1, 2)]
+    turns = [1, 2] * n
+    times = [t for c in range(n) for t in (10.0 * c, 10.0 * c + delays[c])]
+    return trace(conversations, turns, times)
+
+
+def test_a_cross_fitted_law_is_learned_on_the_other_folds_only() -> None:
+    """``--cross-fit``: a request's law never includes its own conversation. Changing the
+    delays of the even conversations leaves their curves as they were and moves the odd ones'
+    (learned on the even ones)."""
+    rng = np.random.default_rng(5)
+    delays = np.ceil(rng.lognormal(3.0, 1.0, 80)).tolist()  # whole seconds: exact differences
+    sim = two_turn_trace(delays)
+    curves = empirical_curves(sim, 60.0, folds=2)
+    odd_delays = np.array(delays[1::2])
+    even_delays = np.array(delays[0::2])
+    assert curves[0] == empirical_curve(odd_delays, 60.0)  # conversation 0, turn 1
+    assert curves[2] == empirical_curve(even_delays, 60.0)  # conversation 1, turn 1
+    assert curves[1] == empirical_curve(np.full(40, math.inf), 60.0)  # turn 2: never reused
+    changed = [d * 3.0 if c % 2 == 0 else d for c, d in enumerate(delays)]
+    moved = empirical_curves(two_turn_trace(changed), 60.0, folds=2)
+    even = [2 * c for c in range(0, 80, 2)]  # turn-1 requests of even conversations
+    odd = [2 * c for c in range(1, 80, 2)]
+    assert all(moved[r] == curves[r] for r in even)
+    assert all(moved[r] != curves[r] for r in odd)
+    # One fold is the in-sample law.
+    assert empirical_curves(sim, 60.0, folds=1)[0] == empirical_curve(np.array(delays), 60.0)
+
+
+@pytest.mark.parametrize("argv", [["--cross-fit", "0"], ["--cross-fit", "2", "--warmup-law"]])
+def test_the_bounds_command_rejects_a_cross_fit_it_cannot_run(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kvcast.lab.reports.policy_bound import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert "--cross-fit takes K >= 2 folds, and not with --warmup-law" in capsys.readouterr().err
