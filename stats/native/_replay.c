@@ -3185,6 +3185,19 @@ typedef struct {
     Py_ssize_t e;   /* the entry, SP_EMPTY or SP_DELETED */
 } SpSlot;
 
+/* A recent shared run: the entries of the leading shared ids of a request that began with
+   `v[0]`, with the ids' values.  Most requests begin with one of a few system prompts, whose
+   ids would otherwise be hashed and probed again on every request.  A memo is only a hint:
+   an entry is taken from it only while it is still shared and holds the same int, which
+   makes it that int's entry (an id is in the table once), however the table changed since. */
+#define SP_MEMO_RUNS 16
+#define SP_MEMO_IDS 64
+typedef struct {
+    Py_ssize_t n;
+    int64_t v[SP_MEMO_IDS];
+    Py_ssize_t e[SP_MEMO_IDS];
+} SpRunMemo;
+
 struct Sp {
     PyObject_HEAD
     Py_ssize_t capacity;
@@ -3213,15 +3226,58 @@ struct Sp {
     PyObject **mine;  /* borrowed from the call's arguments */
     Py_ssize_t *run_blk; /* the run's entries */
     Py_ssize_t scratch_cap;
+    SpRunMemo *memo; /* SP_MEMO_RUNS recent shared runs (NULL until the first) */
 };
 
 #define SP_EMPTY (-1)
 #define SP_DELETED (-2)
 
+/* An exact int below 2**63 in magnitude, read from its digits (1; 0: anything else, or a
+   build whose int layout is not known here).  Block ids are 64-bit hashes, up to three 30-bit
+   digits: their value and hash come from one pass over the digits instead of two calls
+   (PyObject_Hash, PyLong_AsLongLongAndOverflow) that each walk them. */
+static inline int
+sp_small_int(PyObject *obj, int64_t *out)
+{
+#if PY_VERSION_HEX < 0x030C0000 && !defined(Py_LIMITED_API) && PyLong_SHIFT == 30
+    if (PyLong_CheckExact(obj)) {
+        Py_ssize_t size = Py_SIZE(obj), n = size < 0 ? -size : size;
+        const digit *d = ((PyLongObject *)obj)->ob_digit;
+        if (n < 3 || (n == 3 && d[2] < 8)) {
+            uint64_t mag = 0;
+            for (Py_ssize_t i = n - 1; i >= 0; i--) {
+                mag = (mag << PyLong_SHIFT) | d[i];
+            }
+            *out = size < 0 ? -(int64_t)mag : (int64_t)mag;
+            return 1;
+        }
+    }
+#else
+    (void)obj;
+    (void)out;
+#endif
+    return 0;
+}
+
 static int
 sp_key(PyObject *obj, SpKey *k)
 {
     k->obj = obj;
+    int64_t v;
+    if (sp_small_int(obj, &v)) {
+        /* hash(v) as long_hash computes it: |v| mod 2**61 - 1, signed, -1 -> -2 */
+        const uint64_t modulus = ((uint64_t)1 << 61) - 1;
+        uint64_t mag = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+        uint64_t h = (mag & modulus) + (mag >> 61);
+        if (h >= modulus) {
+            h -= modulus;
+        }
+        Py_hash_t hash = v < 0 ? -(Py_hash_t)h : (Py_hash_t)h;
+        k->hash = hash == -1 ? -2 : hash;
+        k->ival = v;
+        k->is_i64 = 1;
+        return 0;
+    }
     k->hash = PyObject_Hash(obj);
     if (k->hash == -1) {
         return -1;
@@ -3267,6 +3323,34 @@ sp_eq(PyObject *a, PyObject *b)
     }
 #endif
     return PyObject_RichCompareBool(a, b, Py_EQ);
+}
+
+/* The value of an exact int that fits in 64 bits (1), or 0 for anything else; sets no error. */
+static inline int
+sp_int_value(PyObject *obj, int64_t *out)
+{
+    if (sp_small_int(obj, out)) {
+        return 1;
+    }
+    if (!PyLong_CheckExact(obj)) {
+        return 0;
+    }
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+/* The memo slot of runs that begin with the int `first`. */
+static inline SpRunMemo *
+sp_memo_of(Sp *self, int64_t first)
+{
+    uint64_t h = (uint64_t)first * 0x9E3779B97F4A7C15ull;
+    return &self->memo[h >> 60];
 }
 
 /* The dict's key equality: the same object, or equal hashes and ==. */
@@ -3331,11 +3415,14 @@ sp_rehash(Sp *self, Py_ssize_t need)
         slots[i].e = SP_EMPTY;
     }
     size_t mask = (size_t)size - 1;
-    for (Py_ssize_t e = 0; e < self->blk_n; e++) {
-        if (self->blk[e].state == SP_FREE) {
+    /* From the old index's slots, which hold each live entry's number and hash: a sequential
+       read of 16 bytes a slot, not a read of every entry (88 bytes each, most not cached). */
+    for (Py_ssize_t j = 0; self->slots != NULL && j <= self->slot_mask; j++) {
+        Py_ssize_t e = self->slots[j].e;
+        if (e < 0) {
             continue;
         }
-        size_t h = (size_t)self->blk[e].hash, i = h & mask, perturb = h;
+        size_t h = (size_t)self->slots[j].hash, i = h & mask, perturb = h;
         while (slots[i].e != SP_EMPTY) {
             perturb >>= 5;
             i = (i * 5 + perturb + 1) & mask;
@@ -3755,6 +3842,36 @@ sp_run(Sp *self, double ts, Py_ssize_t count, Py_ssize_t npos, int64_t blocks, i
     return run;
 }
 
+/* Remember the run just set (self->run_blk[:count], every entry shared now) as the run of
+   requests that begin with the same int id; a run of ids other than ints is not kept. */
+static int
+sp_memo_keep(Sp *self, PyObject *const *items, Py_ssize_t count)
+{
+    int64_t first;
+    if (!sp_int_value(items[self->pos[0]], &first)) {
+        return 0;
+    }
+    if (self->memo == NULL) {
+        self->memo = PyMem_Calloc(SP_MEMO_RUNS, sizeof(SpRunMemo));
+        if (self->memo == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    SpRunMemo *memo = sp_memo_of(self, first);
+    Py_ssize_t n = 0;
+    for (; n < count && n < SP_MEMO_IDS; n++) {
+        const SpBlock *b = &self->blk[self->run_blk[n]];
+        if (!b->is_i64) {
+            break;
+        }
+        memo->v[n] = b->ival;
+        memo->e[n] = self->run_blk[n];
+    }
+    memo->n = n;
+    return 0;
+}
+
 static PyObject *
 sp_pair(PyObject *a, PyObject *b) /* steals a, borrows b */
 {
@@ -3824,17 +3941,36 @@ sp_observe(Sp *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
     Py_ssize_t count = 0, set_done = 0;
     int64_t born = 0;
     SpKey k;
+    /* The run of the last request that began with this one's first id, if any: its ids are
+       checked against their entries by value, without hashing or probing. */
+    int64_t first_v = 0, v;
+    const SpRunMemo *memo = NULL;
+    if (self->memo != NULL && sp_int_value(items[pos[0]], &first_v)) {
+        memo = sp_memo_of(self, first_v);
+        if (memo->n == 0 || memo->v[0] != first_v) {
+            memo = NULL;
+        }
+    }
+    Py_ssize_t memo_served = 0;
     /* The leading indexed ids that are shared, or private to another open conversation (which
        makes them shared now).  A block that became shared in this loop is not yet in the
        shared table: seen again further on, it ends the run as in Python (BORN). */
     while (count < npos) {
         PyObject *block = items[pos[count]];
-        if (sp_key(block, &k) < 0) {
-            goto done;
-        }
-        Py_ssize_t e = sp_find(self, &k, NULL);
-        if (e == -2) {
-            goto done;
+        Py_ssize_t e;
+        if (memo != NULL && count < memo->n && sp_int_value(block, &v) && v == memo->v[count]
+            && self->blk[e = memo->e[count]].state == SP_SHARED && self->blk[e].is_i64
+            && self->blk[e].ival == v) {
+            memo_served++;
+        } else {
+            memo = NULL;
+            if (sp_key(block, &k) < 0) {
+                goto done;
+            }
+            e = sp_find(self, &k, NULL);
+            if (e == -2) {
+                goto done;
+            }
         }
         if (e < 0 || self->blk[e].state == SP_BORN) {
             break;
@@ -3894,6 +4030,11 @@ sp_observe(Sp *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
         }
     }
     set_done = 1;
+    /* a run the memo did not serve whole (as far as it can hold) is remembered */
+    Py_ssize_t memorable = count < SP_MEMO_IDS ? count : SP_MEMO_IDS;
+    if (memo_served < memorable && sp_memo_keep(self, items, count) < 0) {
+        goto done;
+    }
     run = sp_run(self, ts, count, npos, n, born);
     if (run == NULL) {
         goto done;
@@ -4489,6 +4630,7 @@ sp_dealloc(Sp *self)
     PyMem_Free(self->lastv);
     PyMem_Free(self->mine);
     PyMem_Free(self->run_blk);
+    PyMem_Free(self->memo);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }

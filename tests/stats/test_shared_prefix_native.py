@@ -12,6 +12,7 @@ the partition delta and the snapshot read them in it), the size and ``next_due``
 from __future__ import annotations
 
 import gc
+import itertools
 import random
 import subprocess
 import sys
@@ -201,6 +202,47 @@ def test_a_wide_int_is_the_same_block_as_an_equal_int_hashed_by_python(ids: list
     pair.request("general", 2.0, [_IntId(v) for v in ids], True)
     run, _ = pair.c.observe("third", 3.0, list(ids), (), lambda _: 2.0)
     assert run.blocks == len(ids)
+
+
+@pytest.mark.parametrize("width", [2**20, 2**62, 2**63 - 2**10, -(2**40)])
+def test_a_remembered_run_is_checked_against_the_table_every_time(width: int) -> None:
+    """The C index remembers the entries of the last shared run that began with each first id
+    (``SpRunMemo``), to skip hashing and probing them on the next request. A memory is a hint
+    only: here the remembered prompts expire, their entries are taken by other ids (shared)
+    or by the same ids (private), a prompt comes back changed in its middle, and runs outgrow
+    the memory's 64 ids; every result stays the Python index's. Ids of several widths: one,
+    two and three 30-bit digits, and negative ones."""
+    prompt = [width + i for i in range(80)]
+    other = [width + 1000 + i for i in range(80)]
+    cases = [(10**6, 20), (10**6, 80), (130, 80)]
+    for (capacity, length), others in itertools.product(cases, ("", "de")):
+        pair = Pair(capacity, 30.0, 64)
+        ts = 0.0
+        for session in ("a", "b", "c"):  # the prompt becomes shared, then is remembered
+            ts += 1.0
+            pair.request(session, ts, [*prompt[:length], session], True)
+        for session in ("a", "b", "c"):
+            pair.release(session)
+        ts += 100.0
+        pair.call("expire", ts)  # the prompt's entries are free
+        assert len(pair.c) == 0
+        for session in others:  # another prompt takes the freed entries, or none does
+            ts += 1.0
+            pair.request(session, ts, [*other[:length], session], True)
+        ts += 1.0
+        pair.request("f", ts, [*prompt[:length], "f"], True)  # private now, in freed entries
+        ts += 1.0
+        pair.request("g", ts, [*prompt[:length], "g"], True)  # shared again: remembered
+        changed = [*prompt[:length]]
+        changed[length // 2] = "middle"
+        ts += 1.0
+        pair.request("h", ts, [*changed, "h"], True)  # the run ends in the middle
+        ts += 1.0
+        pair.request("i", ts, [*prompt[:length], "i"], True)
+        for session in others + "fghi":
+            pair.release(session)
+        ts += 100.0
+        pair.call("expire", ts)
 
 
 def test_the_c_indexs_results_of_ids_leave_the_garbage_collector_nothing_to_walk() -> None:
