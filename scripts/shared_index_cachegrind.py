@@ -29,18 +29,14 @@ COUNTS = re.compile(r"(I\s+refs|LLd misses):\s+([\d,]+)")
 def child(lines_path: str, mode: str, runs: int) -> None:
     """The pipeline on the pickled lines, ``runs`` times (what valgrind runs)."""
     from kvcast.daemon.gc_tuning import tune_for_streaming
+    from kvcast.lab.bench.throughput import daemon_pipeline
     from kvcast.stats.config import StatsConfig
-    from kvcast.stats.replay import Pipeline
 
     tune_for_streaming()  # as `kvcast bench` runs it
     lines = pickle.loads(Path(lines_path).read_bytes())
     config = StatsConfig() if mode == "on" else StatsConfig(shared_index_blocks=0)
     for _ in range(runs):
-        runner = Pipeline(config)
-        for line in lines:
-            runner.offer(line)
-        runner.engine.finish()
-        runner.engine.snapshot()
+        daemon_pipeline(lines, config)
 
 
 def l2_bytes() -> int:

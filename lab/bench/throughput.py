@@ -6,7 +6,7 @@ much of the per-event budget the contract, the tracker and the window take on th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import orjson
@@ -103,6 +103,16 @@ def _best_rates(
     return {name: count / seconds for name, seconds in best_in_turn(repeats, works).items()}
 
 
+def daemon_pipeline(lines: Iterable[bytes | str], config: StatsConfig) -> None:
+    """What the daemon runs per event, over ``lines``: each offered on its own (not the
+    replay's native engine), the input finished, one snapshot."""
+    runner = Pipeline(config)
+    for line in lines:
+        runner.offer(line)
+    runner.engine.finish()
+    runner.engine.snapshot()
+
+
 def run_throughput(
     conversations: int = 20_000, seed: int = 0, repeats: int = 5
 ) -> ThroughputResult:
@@ -123,11 +133,7 @@ def run_throughput(
         replay_lines(lambda: [lines], config).snapshot()
 
     def python_pipeline() -> None:  # what the daemon runs per event
-        runner = Pipeline(config)
-        for line in lines:
-            runner.offer(line)
-        runner.engine.finish()
-        runner.engine.snapshot()
+        daemon_pipeline(lines, config)
 
     sim_trace = trace.sim_trace()
 
@@ -141,11 +147,7 @@ def run_throughput(
 
     def daemon_on(config: StatsConfig) -> Callable[[], None]:
         def run() -> None:
-            runner = Pipeline(config)
-            for line in shared_lines:
-                runner.offer(line)
-            runner.engine.finish()
-            runner.engine.snapshot()
+            daemon_pipeline(shared_lines, config)
 
         return run
 

@@ -3325,26 +3325,6 @@ sp_eq(PyObject *a, PyObject *b)
     return PyObject_RichCompareBool(a, b, Py_EQ);
 }
 
-/* The value of an exact int that fits in 64 bits (1), or 0 for anything else; sets no error. */
-static inline int
-sp_int_value(PyObject *obj, int64_t *out)
-{
-    if (sp_small_int(obj, out)) {
-        return 1;
-    }
-    if (!PyLong_CheckExact(obj)) {
-        return 0;
-    }
-    int overflow;
-    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
-    if (overflow || (v == -1 && PyErr_Occurred())) {
-        PyErr_Clear();
-        return 0;
-    }
-    *out = v;
-    return 1;
-}
-
 /* The memo slot of runs that begin with the int `first`. */
 static inline SpRunMemo *
 sp_memo_of(Sp *self, int64_t first)
@@ -3843,14 +3823,10 @@ sp_run(Sp *self, double ts, Py_ssize_t count, Py_ssize_t npos, int64_t blocks, i
 }
 
 /* Remember the run just set (self->run_blk[:count], every entry shared now) as the run of
-   requests that begin with the same int id; a run of ids other than ints is not kept. */
+   requests that begin with the int id `first`. */
 static int
-sp_memo_keep(Sp *self, PyObject *const *items, Py_ssize_t count)
+sp_memo_keep(Sp *self, int64_t first, Py_ssize_t count)
 {
-    int64_t first;
-    if (!sp_int_value(items[self->pos[0]], &first)) {
-        return 0;
-    }
     if (self->memo == NULL) {
         self->memo = PyMem_Calloc(SP_MEMO_RUNS, sizeof(SpRunMemo));
         if (self->memo == NULL) {
@@ -3942,10 +3918,12 @@ sp_observe(Sp *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
     int64_t born = 0;
     SpKey k;
     /* The run of the last request that began with this one's first id, if any: its ids are
-       checked against their entries by value, without hashing or probing. */
+       checked against their entries by value, without hashing or probing.  Runs are kept for
+       int ids that sp_small_int reads (block ids are 64-bit hashes). */
     int64_t first_v = 0, v;
+    int first_is_int = sp_small_int(items[pos[0]], &first_v);
     const SpRunMemo *memo = NULL;
-    if (self->memo != NULL && sp_int_value(items[pos[0]], &first_v)) {
+    if (first_is_int && self->memo != NULL) {
         memo = sp_memo_of(self, first_v);
         if (memo->n == 0 || memo->v[0] != first_v) {
             memo = NULL;
@@ -3958,7 +3936,7 @@ sp_observe(Sp *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
     while (count < npos) {
         PyObject *block = items[pos[count]];
         Py_ssize_t e;
-        if (memo != NULL && count < memo->n && sp_int_value(block, &v) && v == memo->v[count]
+        if (memo != NULL && count < memo->n && sp_small_int(block, &v) && v == memo->v[count]
             && self->blk[e = memo->e[count]].state == SP_SHARED && self->blk[e].is_i64
             && self->blk[e].ival == v) {
             memo_served++;
@@ -4032,7 +4010,7 @@ sp_observe(Sp *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
     set_done = 1;
     /* a run the memo did not serve whole (as far as it can hold) is remembered */
     Py_ssize_t memorable = count < SP_MEMO_IDS ? count : SP_MEMO_IDS;
-    if (memo_served < memorable && sp_memo_keep(self, items, count) < 0) {
+    if (first_is_int && memo_served < memorable && sp_memo_keep(self, first_v, count) < 0) {
         goto done;
     }
     run = sp_run(self, ts, count, npos, n, born);
