@@ -32,11 +32,22 @@ def _bindable(port: int) -> bool:
         return True
 
 
+def _ephemeral_start() -> int:
+    """The first port the kernel hands out for outgoing connections (32768 where unknown)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def _free_node_port() -> int:
-    """A free port P whose cluster bus port P + 10000 is free too (an ephemeral port from the
-    kernel may be above 55535, where the bus port does not exist)."""
+    """A free port P whose cluster bus port P + 10000 is free too, both below the kernel's
+    ephemeral range: a bus port inside it was free when checked and then taken by a client's
+    outgoing connection before the node bound it (the node aborts: "Failed listening on port
+    ... (cluster)"), which failed a CI run's every cluster test."""
+    top = _ephemeral_start() - 10000
     for _ in range(1000):
-        port = random.randrange(20000, 45000)
+        port = random.randrange(min(10000, top - 1), top)
         if _bindable(port) and _bindable(port + 10000):
             return port
     raise RuntimeError("no free port pair for a cluster node")
