@@ -60,8 +60,21 @@ for i in rng.sample(range(len(lines)), len(lines) // 20):
 for bad in (b"{", b"[]", b'{"schema": 2}', b'{"session_id": "", "turn": 1}'):
     lines.insert(rng.randrange(len(lines)), bad)
 
+def gap_pairs(gaps):
+    # as [gap_s, blocks] pairs, from the pairs of older revisions or from the flat form
+    if gaps and isinstance(gaps[0], (tuple, list)):
+        return [list(p) for p in gaps]
+    return [list(p) for p in zip(gaps[0::2], gaps[1::2])]
+
+def turn_dump(record):
+    row = list(record)
+    if len(row) > 5:
+        row[5] = gap_pairs(row[5])
+    return row
+
 def bucket_dump(bucket):
     return {
+        "shared_gaps": sorted(gap_pairs(getattr(bucket, "shared_gaps", []))),
         "conversations": bucket.conversations,
         "states": sorted([k[0], k[1], s.reached, s.continued] for k, s in bucket.states.items()),
         "moments": sorted([i, m.conversations, m.sum_R, m.sum_H, m.sum_H_hash, m.sum_B, m.sum_M]
@@ -74,7 +87,7 @@ def arrivals_dump(a):
             sorted([s, c.starts, c.cached_tokens, c.input_tokens] for s, c in a.seconds.items())]
 
 def conversation_dump(c):
-    return [c.session_id, c.last_ts, sorted([t, list(r)] for t, r in c.turns.items()),
+    return [c.session_id, c.last_ts, sorted([t, turn_dump(r)] for t, r in c.turns.items()),
             list(getattr(c, "held", ()))]
 
 pipeline = Pipeline(config)

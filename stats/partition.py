@@ -29,7 +29,7 @@ from kvcast.stats.engine import (
 )
 from kvcast.stats.events import Event
 from kvcast.stats.shared_prefix import BlockId
-from kvcast.stats.window import Bucket, StatsWindow
+from kvcast.stats.window import Bucket, StatsWindow, gaps_from_stored
 
 
 def encode_conversation(conversation: Conversation) -> bytes:
@@ -54,8 +54,9 @@ def _turn_record(row: list) -> TurnRecord:
     born`` when the turn shared a prefix (checkpoints written before 0.3 have five items)."""
     if len(row) == 5:
         return TurnRecord(row[1], row[2], row[3], row[4])
-    gaps = tuple((float(gap), int(count)) for gap, count in row[6])
-    return TurnRecord(row[1], row[2], row[3], row[4], row[5], gaps, row[7])
+    return TurnRecord(
+        row[1], row[2], row[3], row[4], row[5], tuple(gaps_from_stored(row[6])), row[7]
+    )
 
 
 def decode_conversation(session_id: str, payload: bytes) -> Conversation:

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import math
 import operator
 from collections import Counter
@@ -58,8 +59,11 @@ _PICKS_KEPT = 1 << 16  # request lengths whose id getter is kept (one tuple of p
 # The dense part is never shorter than this many blocks (large blocks: long dense part).
 MIN_DENSE_BLOCKS = 16
 
-# A request's shared references: (gap seconds, blocks) pairs, one per distinct gap.
-SharedGaps = tuple[tuple[float, int], ...]
+# A request's shared references, flat: (gap_s, blocks, gap_s, blocks, ...), one pair per
+# distinct gap, in gap order. Flat because one is kept per turn with shared blocks, for the
+# conversation's life and then in the window: a tuple per pair cost the daemon's pipeline more
+# than any other part of the index (scripts/shared_index_cachegrind.py).
+SharedGaps = tuple[float | int, ...]
 
 
 class SharedRun(NamedTuple):
@@ -367,7 +371,7 @@ def _run(
     last = (end - start + 1) // 2
     if lasts.count(lasts[0]) == count:  # the usual case: referenced together, one gap
         gap = timestamp - lasts[0]
-        return SharedRun(start + last, ((gap if gap > 0.0 else 0.0, start + last),), born)
+        return SharedRun(start + last, (gap if gap > 0.0 else 0.0, start + last), born)
     weights = Counter(lasts[:-1]) if start == count - 1 else _span_weights(lasts, positions)
     weights[lasts[-1]] += last
     gaps: dict[float, int] = {}
@@ -375,7 +379,7 @@ def _run(
         gap = timestamp - previous
         gap = gap if gap > 0.0 else 0.0
         gaps[gap] = gaps.get(gap, 0) + n
-    return SharedRun(start + last, tuple(sorted(gaps.items())), born)
+    return SharedRun(start + last, tuple(itertools.chain.from_iterable(sorted(gaps.items()))), born)
 
 
 def _span_weights(lasts: list[float], positions: list[int]) -> Counter[float]:

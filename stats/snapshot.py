@@ -186,7 +186,7 @@ def _shared_gap_columns(total: Bucket) -> tuple[np.ndarray, np.ndarray]:
     """The shared blocks' gaps (s) and block counts, equal gaps summed, in gap order."""
     if not total.shared_gaps:
         return np.zeros(0, np.float64), np.zeros(0, np.int64)
-    flat = list(chain.from_iterable(total.shared_gaps))
+    flat = total.shared_gaps
     gaps = np.array(flat[0::2], np.float64)
     blocks = np.array(flat[1::2], np.int64)
     unique, inverse = np.unique(gaps, return_inverse=True)

@@ -134,9 +134,13 @@ def delay_from_row(row: list | tuple) -> DelaySample:  # type: ignore[type-arg]
     )
 
 
-# (gap_s, blocks): ``blocks`` shared blocks referenced again ``gap_s`` seconds after their
-# previous reference (by any conversation). A plain tuple: the tracker's own, kept as it is.
-SharedGap = tuple[float, int]
+def gaps_from_stored(stored: list) -> list[float | int]:  # type: ignore[type-arg]
+    """Stored shared-block gaps as flat ``[gap_s, blocks, ...]`` (the form written now),
+    also from the ``[[gap_s, blocks], ...]`` pairs an earlier daemon wrote (checkpoints and
+    buckets still in the store after an upgrade)."""
+    if stored and isinstance(stored[0], list):
+        return [value for gap_s, blocks in stored for value in (float(gap_s), int(blocks))]
+    return [float(value) if i % 2 == 0 else int(value) for i, value in enumerate(stored)]
 
 
 @dataclass(slots=True)
@@ -147,7 +151,10 @@ class Bucket:
     states: dict[StateKey, StateSums] = field(default_factory=dict)
     moments: dict[str, MomentSums] = field(default_factory=dict)
     delays: list[DelaySample] = field(default_factory=list)
-    shared_gaps: list[SharedGap] = field(default_factory=list)
+    # Flat (gap_s, blocks, gap_s, blocks, ...): ``blocks`` shared blocks referenced again
+    # ``gap_s`` seconds after their previous reference (by any conversation); the turns'
+    # SharedGaps one after another.
+    shared_gaps: list[float | int] = field(default_factory=list)
 
     def merge(self, other: Bucket) -> None:
         """Add another bucket's contributions (another instance, or another bucket)."""

@@ -4,7 +4,8 @@ the arrival counters' and event counters' hashes.
 Hash field names are JSON arrays (``["r", intent, turn]`` reached, ``["c", ...]`` continued,
 ``["m", intent, name]`` a moment sum; ``n`` the bucket's conversations); a delay is a JSON row
 whose trailing fields are left out while they hold their defaults (``delay_from_row``); shared
-block gaps are ``[gap_s, blocks]`` pairs. Shared by every Redis layout.
+block gaps are one flat ``[gap_s, blocks, ...]`` array per batch (``gaps_from_stored`` reads the
+earlier ``[[gap_s, blocks], ...]`` too). Shared by every Redis layout.
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ import orjson
 
 from kvcast.stats.arrivals import ArrivalStats, SecondCounters
 from kvcast.stats.engine import EventCounters
-from kvcast.stats.window import Bucket, DelaySample, MomentSums, StateSums, delay_from_row
+from kvcast.stats.window import (
+    Bucket,
+    DelaySample,
+    MomentSums,
+    StateSums,
+    delay_from_row,
+    gaps_from_stored,
+)
 
 _MOMENT_FIELDS = ("conversations", "sum_R", "sum_H", "sum_H_hash", "sum_B", "sum_M")
 # Written only when not zero (most deployments send no block hashes).
@@ -62,7 +70,7 @@ def delays_batch(bucket: Bucket) -> bytes:
 
 
 def gaps_batch(bucket: Bucket) -> bytes:
-    """The bucket's shared block gaps as one list entry: ``[[gap_s, blocks], ...]``."""
+    """The bucket's shared block gaps as one list entry, flat: ``[gap_s, blocks, ...]``."""
     return orjson.dumps(bucket.shared_gaps)
 
 
@@ -111,7 +119,7 @@ def decode_bucket(
     for batch in delay_batches:
         bucket.delays.extend(map(delay_from_row, orjson.loads(batch)))
     for batch in gap_batches:
-        bucket.shared_gaps.extend((gap_s, blocks) for gap_s, blocks in orjson.loads(batch))
+        bucket.shared_gaps.extend(gaps_from_stored(orjson.loads(batch)))
     return bucket
 
 

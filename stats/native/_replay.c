@@ -694,7 +694,7 @@ typedef struct {
     double ts;
     int32_t input, blocks, turn, intent;
     /* TurnRecord's shared prefix: its leading shared blocks (at most `blocks`), how many of
-       them became shared with it, and their (gap s, blocks) pairs (strong; NULL when
+       them became shared with it, and their flat (gap s, blocks, ...) tuple (strong; NULL when
        shared is 0, where the window reads none of the three) */
     int32_t shared, born;
     PyObject *gaps;
@@ -1060,22 +1060,21 @@ bucket_moments(Bucket *b, int64_t row, int32_t intent)
     return m;
 }
 
-/* Bucket.shared_gaps.extend(gaps): a turn's ((gap s, blocks), ...), as sp_run builds it. */
+/* Bucket.shared_gaps.extend(gaps): a turn's flat (gap s, blocks, ...), as sp_run builds it. */
 static int
 bucket_gaps_extend(Bucket *b, PyObject *gaps)
 {
-    Py_ssize_t n = PyTuple_GET_SIZE(gaps);
+    Py_ssize_t n = PyTuple_GET_SIZE(gaps) / 2;
     if (GROW(b->gaps, b->capg, b->ng + n) < 0) {
         return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *pair = PyTuple_GET_ITEM(gaps, i);
-        int64_t blocks = PyLong_AsLongLong(PyTuple_GET_ITEM(pair, 1));
+        int64_t blocks = PyLong_AsLongLong(PyTuple_GET_ITEM(gaps, 2 * i + 1));
         if (blocks == -1 && PyErr_Occurred()) {
             return -1;
         }
         GapE *g = &b->gaps[b->ng++];
-        g->gap = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(pair, 0));
+        g->gap = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(gaps, 2 * i));
         g->blocks = blocks;
     }
     return 0;
@@ -2522,14 +2521,17 @@ export_bucket(Core *self, const Bucket *b)
            walk them all. */
         PyObject_GC_UnTrack(t);
     }
-    gaps = PyList_New(b->ng);
+    gaps = PyList_New(2 * b->ng); /* flat, as Bucket.shared_gaps */
     for (Py_ssize_t i = 0; gaps != NULL && i < b->ng; i++) {
-        PyObject *pair = Py_BuildValue("(dL)", b->gaps[i].gap, (long long)b->gaps[i].blocks);
-        if (pair == NULL) {
+        PyObject *gap = PyFloat_FromDouble(b->gaps[i].gap);
+        PyObject *blocks = gap != NULL ? PyLong_FromLongLong(b->gaps[i].blocks) : NULL;
+        if (blocks == NULL) {
+            Py_XDECREF(gap);
             Py_CLEAR(gaps);
             break;
         }
-        PyList_SET_ITEM(gaps, i, pair);
+        PyList_SET_ITEM(gaps, 2 * i, gap);
+        PyList_SET_ITEM(gaps, 2 * i + 1, blocks);
     }
     if (gaps == NULL) {
         goto fail;
@@ -3714,25 +3716,19 @@ untrack_atoms(PyObject *t)
     PyObject_GC_UnTrack(t);
 }
 
-static PyObject *
-sp_gap_pair(double gap, int64_t blocks)
+/* Set the flat gaps' pair i: (gap s, blocks). */
+static int
+sp_gap_set(PyObject *gaps, Py_ssize_t i, double gap, int64_t blocks)
 {
     PyObject *g = PyFloat_FromDouble(gap);
     PyObject *n = g != NULL ? PyLong_FromLongLong(blocks) : NULL;
     if (n == NULL) {
         Py_XDECREF(g);
-        return NULL;
+        return -1;
     }
-    PyObject *pair = PyTuple_New(2);
-    if (pair == NULL) {
-        Py_DECREF(g);
-        Py_DECREF(n);
-        return NULL;
-    }
-    PyTuple_SET_ITEM(pair, 0, g);
-    PyTuple_SET_ITEM(pair, 1, n);
-    PyObject_GC_UnTrack(pair); /* a float and an int */
-    return pair;
+    PyTuple_SET_ITEM(gaps, 2 * i, g);
+    PyTuple_SET_ITEM(gaps, 2 * i + 1, n);
+    return 0;
 }
 
 /* _run: the SharedRun of the first `count` indexed ids, last referenced at lastv. */
@@ -3751,19 +3747,15 @@ sp_run(Sp *self, double ts, Py_ssize_t count, Py_ssize_t npos, int64_t blocks, i
     while (k < count && lv[k] == lv[0]) {
         k++;
     }
+    /* Flat: (gap s, blocks, gap s, blocks, ...), no tuple per pair (SharedGaps). */
     PyObject *gaps;
     if (k == count) { /* the usual case: referenced together, one gap */
         double gap = ts - lv[0];
-        PyObject *pair = sp_gap_pair(gap > 0.0 ? gap : 0.0, start + last);
-        if (pair == NULL) {
+        gaps = PyTuple_New(2);
+        if (gaps == NULL || sp_gap_set(gaps, 0, gap > 0.0 ? gap : 0.0, start + last) < 0) {
+            Py_XDECREF(gaps);
             return NULL;
         }
-        gaps = PyTuple_New(1);
-        if (gaps == NULL) {
-            Py_DECREF(pair);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(gaps, 0, pair);
     } else {
         /* Each indexed id weighs the blocks up to the next one (1 each in the dense part:
            Counter(lasts[:-1])), the last one `last`; equal gaps merge and sort, as the
@@ -3787,14 +3779,11 @@ sp_run(Sp *self, double ts, Py_ssize_t count, Py_ssize_t npos, int64_t blocks, i
                 g[distinct++] = g[i];
             }
         }
-        gaps = PyTuple_New(distinct);
+        gaps = PyTuple_New(2 * distinct);
         for (Py_ssize_t i = 0; gaps != NULL && i < distinct; i++) {
-            PyObject *pair = sp_gap_pair(g[i].gap, g[i].blocks);
-            if (pair == NULL) {
+            if (sp_gap_set(gaps, i, g[i].gap, g[i].blocks) < 0) {
                 Py_CLEAR(gaps);
-                break;
             }
-            PyTuple_SET_ITEM(gaps, i, pair);
         }
         PyMem_Free(g);
         if (gaps == NULL) {

@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterator
 
 import numpy as np
+import orjson
 import pytest
 
 from kvcast.daemon.refresh import compute_refresh
@@ -306,3 +307,30 @@ def test_a_window_kept_in_the_layout_before_0_2_is_still_read_and_expired(
     assert canonical(stored_snapshot(store)[0]) == canonical(before)
     assert store.expire(max(indices) + 1, 0) == len(indices)
     assert not redis_client.exists(key("buckets")) and not store.load_window(CONFIG).window.buckets
+
+
+@pytest.mark.integration
+def test_gap_batches_an_earlier_daemon_wrote_as_pairs_still_read(
+    redis_url: str, redis_client, redis_namespace: str
+) -> None:
+    """Before flat gaps a batch was ``[[gap_s, blocks], ...]``: a window written so (here
+    rewritten so in Redis, batch by batch) must read as the flat one it stands for."""
+    store = open_store(redis_url, namespace=redis_namespace)
+    run_partition(store, log_of("shared_prefixes"), commit_every=50)
+    before = stored_snapshot(store)[0]
+    assert before.sample.shared_gap_s is not None and before.sample.shared_gap_s.size > 0
+    key = store.key  # type: ignore[attr-defined]
+    rewritten = 0
+    for index in redis_client.zrange(key("buckets", "t:0"), 0, -1):
+        gaps_key = key("sgaps", "t:0", int(index))
+        batches = [orjson.loads(b) for b in redis_client.lrange(gaps_key, 0, -1)]
+        if not batches:
+            continue
+        redis_client.delete(gaps_key)
+        for flat in batches:
+            redis_client.rpush(
+                gaps_key, orjson.dumps([list(p) for p in zip(flat[::2], flat[1::2], strict=True)])
+            )
+            rewritten += 1
+    assert rewritten > 1
+    assert canonical(stored_snapshot(store)[0]) == canonical(before)

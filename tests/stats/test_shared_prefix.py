@@ -57,7 +57,9 @@ def brute_force_runs(events: list[dict]) -> list[SharedRun]:
         for block in ids:
             first_session.setdefault(block, session)
             last_seen[block] = max(last_seen.get(block, t), t)
-        runs.append(SharedRun(count, tuple(sorted(gaps.items())), born))
+        runs.append(
+            SharedRun(count, tuple(itertools.chain.from_iterable(sorted(gaps.items()))), born)
+        )
     return runs
 
 
@@ -102,10 +104,10 @@ def test_a_prompt_used_by_two_conversations_is_shared_from_the_second_on() -> No
     assert run == NO_SHARING and held_a == (1, 2, 3)
     # b repeats a's first two blocks: shared, 5 s after a's request, born now.
     run, held_b = index.observe("b", 5.0, [1, 2, 9], (), seen.__getitem__)
-    assert run == SharedRun(2, ((5.0, 2),), 2) and held_b == (9,)
+    assert run == SharedRun(2, (5.0, 2), 2) and held_b == (9,)
     # a's next turn: its first two blocks are shared now (last referenced by b, 2 s ago).
     run, held_a = index.observe("a", 7.0, [1, 2, 3, 4], held_a, seen.__getitem__)
-    assert run == SharedRun(2, ((2.0, 2),), 0) and held_a == (3, 4)
+    assert run == SharedRun(2, (2.0, 2), 0) and held_a == (3, 4)
     # A shared block after a private one does not count: the prefix stops at the first miss.
     run, _ = index.observe("c", 8.0, [5, 1, 2], (), seen.__getitem__)
     assert run == NO_SHARING
@@ -137,10 +139,10 @@ def test_beyond_the_dense_part_ids_thin_out_and_a_run_counts_to_the_middle() -> 
     # Ids 0..4 and 6 are shared, 97 (at 8) is not: the run ends after block 6 and at or before
     # block 8, and counts to the middle, 6 + ceil(2 / 2) = 7 blocks (here exactly the truth).
     run, _ = index.observe("b", 1.0, [*range(7), 99, 97, 98], (), seen.__getitem__)
-    assert run == SharedRun(7, ((1.0, 7),), 6)
+    assert run == SharedRun(7, (1.0, 7), 6)
     # A run that reaches the last id counts to the middle of what is left of the request.
     run, _ = index.observe("c", 2.0, list(range(10)), (), seen.__getitem__)
-    assert run == SharedRun(9, ((1.0, 8), (2.0, 1)), 1)  # 8 + ceil(2 / 2)
+    assert run == SharedRun(9, (1.0, 8, 2.0, 1), 1)  # 8 + ceil(2 / 2)
     with pytest.raises(ValueError, match="dense_blocks must be >= 1"):
         SharedPrefixIndex(1, 1.0, dense_blocks=0)
 
@@ -190,7 +192,7 @@ def test_the_window_sums_are_the_runs_sums() -> None:
     assert total.shared_born == sum(r.born for r in runs) > 0
     gap_blocks: dict[float, int] = defaultdict(int)
     for run in runs:
-        for gap, blocks in run.gaps:
+        for gap, blocks in zip(run.gaps[0::2], run.gaps[1::2], strict=True):
             gap_blocks[gap] += blocks
     assert sample.shared_gap_s.tolist() == sorted(gap_blocks)
     assert sample.shared_gap_blocks.tolist() == [gap_blocks[g] for g in sorted(gap_blocks)]
@@ -223,6 +225,17 @@ def test_an_open_conversation_keeps_its_shared_prefix_through_a_checkpoint() -> 
     for conversation in open_:
         restored = decode_conversation(conversation.session_id, encode_conversation(conversation))
         assert restored == conversation
+
+
+def test_a_checkpoint_with_gaps_as_pairs_still_reads_as_flat_gaps() -> None:
+    """Before flat gaps, a turn's were stored as ``[[gap_s, blocks], ...]``."""
+    restored = decode_conversation(
+        "s", b'[9.0,[[1,5.0,3,40,"unknown"],[2,9.0,6,90,"unknown",4,[[2,3],[4.5,1]],1]]]'
+    )
+    record = restored.turns[2]
+    assert record.shared_gaps == (2.0, 3, 4.5, 1)
+    assert [type(v) for v in record.shared_gaps] == [float, int, float, int]
+    assert decode_conversation("s", encode_conversation(restored)) == restored
 
 
 def test_a_checkpoint_from_before_shared_prefixes_still_reads() -> None:
@@ -285,7 +298,7 @@ def test_the_table_carries_the_shared_blocks_reuse_law() -> None:
 
     events = shared_prefix_events(400, seed=5)
     runs = brute_force_runs(events)
-    gaps = [(g, b) for run in runs for g, b in run.gaps]
+    gaps = [pair for run in runs for pair in zip(run.gaps[0::2], run.gaps[1::2], strict=True)]
     references, lives = sum(b for _, b in gaps), sum(r.born for r in runs)
     logs = np.repeat(np.log(np.maximum([g for g, _ in gaps], 1e-3)), [b for _, b in gaps])
     snapshot = engine_of(events).snapshot()
