@@ -8,7 +8,8 @@ there alone (a ``kvcast`` package of symlinks to its top-level folders, first on
 its C extension built in place); each measurement runs in a fresh process, old and new taking
 turns, and prints one JSON line.
 ``daemon`` needs the broker and Redis of ``scripts/services.sh start``. The figures are those of
-``kvcast bench`` (throughput: the replay pipeline against ``orjson.loads``; daemon: Kafka ->
+``kvcast bench`` (throughput: the replay pipeline against ``orjson.loads``, and the daemon
+pipeline on block ids with the shared-prefix index on against off; daemon: Kafka ->
 Redis against the bare consumer, and the flush cost per event; engines: kvcast's queue in
 vLLM's ``BlockPool`` against vLLM's own, per kind, with the engines' venv of
 ``scripts/engine_venv.sh``).
@@ -57,6 +58,10 @@ if suite == "throughput":
     r = run_throughput(repeats=3)
     out = {"pipeline_per_s": r.pipeline_per_s, "decode_per_s": r.decode_per_s,
            "ratio": r.pipeline_per_s / r.decode_per_s}
+    if getattr(r, "shared_index_off_per_s", 0.0):  # the shared-prefix index's row, where kept
+        out |= {"index_on_per_s": r.shared_index_per_s,
+                "index_off_per_s": r.shared_index_off_per_s,
+                "index_ratio": r.shared_index_per_s / r.shared_index_off_per_s}
 elif suite == "engines":
     from kvcast.lab.bench.engine_bench import run_engine_bench
     r = run_engine_bench(repeats=3)
