@@ -760,7 +760,7 @@ typedef struct {
 } IntentRow;
 
 /* A shared block gap: `blocks` shared blocks referenced again `gap` s after their previous
-   reference (window.SharedGap). */
+   reference (one pair of Bucket.shared_gaps). */
 typedef struct {
     double gap;
     int64_t blocks;

@@ -1,12 +1,14 @@
-"""The statistics window's rows: which intent a turn's state is filed under, and the delays as
-the stores keep them."""
+"""The statistics window's rows: which intent a turn's state is filed under, and the delays and
+shared gaps as the stores keep them."""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvcast.stats.taxonomy import AGENT_INTENTS
-from kvcast.stats.window import DelaySample, delay_from_row, own_intent_rule
+from kvcast.stats.window import DelaySample, delay_from_row, gaps_from_stored, own_intent_rule
 
 
 @pytest.mark.parametrize(
@@ -47,3 +49,25 @@ def test_an_unknown_mode_is_refused_by_name() -> None:
 def test_a_stored_delay_row_reads_back_in_each_of_its_forms(row: list, expected: tuple) -> None:
     delay = delay_from_row(row)
     assert type(delay) is DelaySample and delay == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0.0, 1e9, allow_nan=False) | st.integers(0, 10**6),  # JSON may drop ".0"
+            st.integers(1, 10**6),
+        ),
+        max_size=20,
+    )
+)
+def test_stored_gaps_read_flat_from_either_form(pairs: list[tuple[float, int]]) -> None:
+    """A store holds gaps flat (now) or as [gap_s, blocks] pairs (an earlier daemon's): both
+    read as the same flat list, gaps as floats and block counts as ints."""
+    flat = [value for gap_s, blocks in pairs for value in (float(gap_s), blocks)]
+    nested = [[gap_s, blocks] for gap_s, blocks in pairs]
+    raw_flat = [value for gap_s, blocks in pairs for value in (gap_s, blocks)]
+    for stored in (nested, raw_flat):
+        read = gaps_from_stored(stored)
+        assert read == flat
+        assert [type(v) for v in read] == [float, int] * len(pairs)
