@@ -268,6 +268,21 @@ class LocalRedisCluster(_LocalServers):
             timeout_s, f"the replica on {replica_port} to be promoted",
         )  # fmt: skip
 
+    def wait_replicated(self, port: int, timeout_s: float = 10) -> None:
+        """Wait until every replica of the master on ``port`` has received all it has written
+        so far (its replication offset). Redis replicates asynchronously: a master killed
+        before that takes its last writes with it, which a test of something else must rule
+        out first."""
+        with self.client(port) as client:
+            written = int(client.info("replication")["master_repl_offset"])
+
+            def received() -> bool:
+                info = client.info("replication")
+                replicas = [v for k, v in info.items() if k.startswith("slave") and k[5:].isdigit()]
+                return bool(replicas) and all(int(r["offset"]) >= written for r in replicas)
+
+            wait_until(received, timeout_s, f"the replicas of {port} to reach offset {written}")
+
     def kill(self, port: int, timeout_s: float = 60) -> int:
         """SIGKILL the master on ``port`` and wait until its replica has taken its slots (the
         other nodes' failure detection: ``cluster-node-timeout`` 2 s); the new master's port."""
