@@ -3160,20 +3160,29 @@ typedef struct {
 
 enum { SP_FREE = 0, SP_PRIVATE = 1, SP_SHARED = 2, SP_BORN = 3 };
 
+/* One cache line an entry (the table is allocated on a line boundary): the fields that no
+   state uses together share their bytes. */
 typedef struct {
     PyObject *key;   /* strong */
     Py_hash_t hash;  /* hash(key) */
-    int64_t ival;         /* as in SpKey: keys compare without reading the key object */
-    Py_ssize_t next_free; /* a free entry: the next free one */
-    PyObject *owner; /* private: the session id (strong) */
-    PyObject *last;  /* shared: the last reference (strong), as the caller gave it */
+    int64_t ival;    /* as in SpKey: keys compare without reading the key object */
+    union {          /* by state: */
+        PyObject *owner; /* private: the session id (strong) */
+        PyObject *last;  /* shared: the last reference (strong), as the caller gave it;
+                            NULL while born (the owner's reference has passed on) */
+    };
     double lastv;
     uint64_t shared_seq; /* order in the shared table */
-    uint64_t upsert_seq; /* order in the upserts, valid in generation upsert_gen */
-    uint64_t upsert_gen;
+    union {
+        uint64_t upsert_seq;  /* shared: order in the upserts, valid in generation upsert_gen */
+        Py_ssize_t next_free; /* free: the next free entry */
+    };
+    uint32_t upsert_gen;  /* the low 32 bits of Sp.upsert_gen */
     uint8_t state;
     uint8_t is_i64;
 } SpBlock;
+
+_Static_assert(sizeof(SpBlock) == 64, "an index entry is one cache line");
 
 typedef struct {
     PyObject *obj;
@@ -3418,6 +3427,30 @@ sp_rehash(Sp *self, Py_ssize_t need)
     return 0;
 }
 
+/* Twice the entries (16 at first), on a cache-line boundary, so that each is one line:
+   realloc's blocks sit 16 bytes past one, and most entries would straddle two. */
+static int
+sp_grow_blocks(Sp *self)
+{
+    Py_ssize_t cap = self->blk_cap ? 2 * self->blk_cap : 16;
+    if (cap > PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(SpBlock)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    SpBlock *blk = aligned_alloc(64, (size_t)cap * sizeof(SpBlock));
+    if (blk == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (self->blk_n) {
+        memcpy(blk, self->blk, (size_t)self->blk_n * sizeof(SpBlock));
+    }
+    free(self->blk);
+    self->blk = blk;
+    self->blk_cap = cap;
+    return 0;
+}
+
 /* A new entry for `k` (not in the table) in `state`; returns its number (-1: error). */
 static Py_ssize_t
 sp_insert(Sp *self, const SpKey *k, int state)
@@ -3433,7 +3466,7 @@ sp_insert(Sp *self, const SpKey *k, int state)
         e = self->free_head;
         self->free_head = self->blk[e].next_free;
     } else {
-        if (self->blk_n == self->blk_cap && GROW(self->blk, self->blk_cap, self->blk_n + 1) < 0) {
+        if (self->blk_n == self->blk_cap && sp_grow_blocks(self) < 0) {
             return -1;
         }
         e = self->blk_n++;
@@ -3468,8 +3501,8 @@ sp_remove(Sp *self, Py_ssize_t e, Py_ssize_t slot)
     } else {
         self->n_shared--;
     }
-    PyObject *key = b->key, *owner = b->owner, *last = b->last;
-    b->key = b->owner = b->last = NULL;
+    PyObject *key = b->key, *ref = b->owner; /* the owner or the last reference */
+    b->key = b->owner = NULL;
     b->state = SP_FREE;
     b->next_free = self->free_head;
     self->free_head = e;
@@ -3477,8 +3510,7 @@ sp_remove(Sp *self, Py_ssize_t e, Py_ssize_t slot)
     self->slot_used--;
     self->slot_deleted++;
     Py_XDECREF(key);
-    Py_XDECREF(owner);
-    Py_XDECREF(last);
+    Py_XDECREF(ref);
 }
 
 /* Set entry e's shared value (a reference the entry takes) and, where it was not, make it an
@@ -3490,8 +3522,8 @@ sp_set_shared(Sp *self, SpBlock *b, PyObject *value, double v)
     b->last = Py_NewRef(value);
     b->lastv = v;
     Py_XDECREF(old);
-    if (b->upsert_gen != self->upsert_gen || b->upsert_seq == 0) {
-        b->upsert_gen = self->upsert_gen;
+    if (b->upsert_gen != (uint32_t)self->upsert_gen || b->upsert_seq == 0) {
+        b->upsert_gen = (uint32_t)self->upsert_gen;
         b->upsert_seq = ++self->upsert_seq;
     }
 }
@@ -4462,7 +4494,7 @@ sp_table_dict(Sp *self, int upserts)
         }
         if (!upserts) {
             order[n++] = (SpOrder){b->shared_seq, e};
-        } else if (b->upsert_gen == self->upsert_gen && b->upsert_seq) {
+        } else if (b->upsert_gen == (uint32_t)self->upsert_gen && b->upsert_seq) {
             order[n++] = (SpOrder){b->upsert_seq, e};
         }
     }
@@ -4582,14 +4614,15 @@ sp_dealloc(Sp *self)
     PyObject_GC_UnTrack(self);
     sp_clear(self);
     for (Py_ssize_t e = 0; e < self->blk_n; e++) {
-        Py_XDECREF(self->blk[e].key);
-        Py_XDECREF(self->blk[e].owner);
-        Py_XDECREF(self->blk[e].last);
+        if (self->blk[e].state != SP_FREE) { /* a free entry's union holds next_free */
+            Py_XDECREF(self->blk[e].key);
+            Py_XDECREF(self->blk[e].owner); /* or its last reference */
+        }
     }
     for (Py_ssize_t i = 0; i < self->heap_n; i++) {
         Py_DECREF(self->heap[i].block);
     }
-    free(self->blk); /* grown by GROW (realloc) */
+    free(self->blk); /* grown by sp_grow_blocks (aligned_alloc) */
     free(self->slots);
     free(self->heap);
     free(self->pos);

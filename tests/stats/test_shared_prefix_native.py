@@ -262,6 +262,31 @@ def test_the_c_indexs_results_of_ids_leave_the_garbage_collector_nothing_to_walk
     assert held == (cyclic,) and gc.is_tracked(held)
 
 
+def test_every_reference_the_c_index_took_is_given_back_once() -> None:
+    """An entry keeps its owner (private) or its last reference (shared) in one slot, and a
+    free entry keeps the free list there: owners handed on when a block becomes shared, last
+    references replaced, entries freed by release and expiry and reused, the index dropped
+    with free entries in it; every object's reference count ends where it began."""
+    owners = [f"session-{n}".encode().decode() for n in range(3)]  # not interned
+    ids = [int(str(10**12 + n)) for n in range(6)]  # not the small-int cache
+    times = [float(n) + 0.5 for n in range(8)]
+    before = [sys.getrefcount(o) for o in (*owners, *ids, *times)]
+    index = NativeSharedPrefixIndex(1000, 1.0)
+    newest = dict(zip(owners, times, strict=False))
+    _, held_a = index.observe(owners[0], times[0], ids[:4], (), newest.__getitem__)
+    # b shares a's first three: a's owner passes on, the last reference is a's newest time
+    _, held_b = index.observe(owners[1], times[1], [*ids[:3], ids[4]], (), newest.__getitem__)
+    # a again: the shared entries take a new last reference, its own block stays private
+    _, held_a = index.observe(owners[0], times[2], ids[:4], held_a, newest.__getitem__)
+    index.release(owners[1], held_b)
+    index.expire(times[7] + 10.0)  # the shared entries go: free entries, free list through them
+    _, held_c = index.observe(owners[2], times[3], [ids[5], *ids[:2]], (), newest.__getitem__)
+    del held_a, held_b, held_c, newest
+    del index
+    gc.collect()
+    assert [sys.getrefcount(o) for o in (*owners, *ids, *times)] == before
+
+
 def test_the_tracker_uses_the_c_index_where_it_is_built() -> None:
     assert SharedPrefixIndex is NativeSharedPrefixIndex
     assert isinstance(conversations.ConversationTracker(StatsConfig()).shared_index,
