@@ -189,10 +189,10 @@ def _tty_progress(done: int, total: int) -> None:
 )
 @click.option(
     "--horizon-s",
-    type=Floats(min=0, min_open=True),
+    type=Floats(min=0, min_open=True, finite=True),
     default=None,
     help="density: horizon, seconds (default: the table's characteristic_time_s, the "
-    "forecast's T_C at the capacity, at least 60 s).",
+    "forecast's T_C at the capacity, at least 60 s; a value given here is used as given).",
 )
 @click.option(
     "--size",

@@ -110,13 +110,21 @@ class PriorityIndex:
     )
 
     def __init__(
-        self, document: Mapping[str, Any] | None = None, max_turn: int | None = None
+        self,
+        document: Mapping[str, Any] | None = None,
+        max_turn: int | None = None,
+        horizon_s: float | None = None,
     ) -> None:
         """Validate ``document`` (None: defaults only) and precompute the lookup dict.
 
         ``max_turn``: the daemon's state cap; default: the document's ``max_turn`` key if it
-        has one, else 32. Raises :class:`TableError` on a malformed document.
+        has one, else 32. ``horizon_s``: density's horizon (s), used as given (an experiment's;
+        default: the document's ``characteristic_time_s``, at least ``MIN_HORIZON_S``). Raises
+        :class:`TableError` on a malformed document, ``ValueError`` on a horizon that is not a
+        finite number > 0.
         """
+        if horizon_s is not None and not (math.isfinite(horizon_s) and horizon_s > 0):
+            raise ValueError(f"horizon_s must be a finite number of seconds > 0, got {horizon_s}")
         doc: Mapping[str, Any] = document if document is not None else {}
         if not isinstance(doc, Mapping):
             raise TableError(f"table must be a JSON object, got {type(doc).__name__}")
@@ -137,8 +145,10 @@ class PriorityIndex:
             default_sigma if default_sigma is not None else DEFAULT_SIGMA,
         )
         t_c = checked_optional(doc.get("characteristic_time_s"), "table", "characteristic_time_s")
-        self.horizon_s = max(
-            t_c if t_c is not None and t_c > 0 else DEFAULT_HORIZON_S, MIN_HORIZON_S
+        self.horizon_s = (
+            float(horizon_s)
+            if horizon_s is not None
+            else max(t_c if t_c is not None and t_c > 0 else DEFAULT_HORIZON_S, MIN_HORIZON_S)
         )
         cap = max_turn if max_turn is not None else doc.get("max_turn", DEFAULT_MAX_TURN)
         self.max_turn = checked_turn(cap, "max_turn")

@@ -305,12 +305,12 @@ def density_block(
 ) -> NDArray[np.int64]:
     """The ``density`` policy with ``table``, or with a table (and its ``T_C`` at
     ``capacity_blocks``) learned from the first ``learn_fraction`` of the conversations;
-    ``horizon_s`` replaces the table's horizon (s)."""
+    ``horizon_s`` replaces the table's horizon (s), as given: no floor."""
     if table is None:
         table = learn_table(trace, learn_fraction, config, capacity_blocks=capacity_blocks)
     if horizon_s is not None:
         doc = table.document if isinstance(table, PriorityIndex) else table
-        table = {**(doc or {"version": 1}), "characteristic_time_s": float(horizon_s)}
+        table = PriorityIndex(doc, horizon_s=horizon_s)
     index = table if isinstance(table, PriorityIndex) else PriorityIndex(table)
     return _run(trace, capacity_blocks, Density(index, size), layout, progress)
 

@@ -140,11 +140,10 @@ def density_conversation(
     size: str = "block",
 ) -> NDArray[np.int64]:
     """Whole conversations evicted by hit density (table and ``T_C`` learned as the block
-    policy's are; ``horizon_s`` replaces the table's horizon)."""
-    if horizon_s is not None:
-        found = _index(trace, capacity_blocks, table, learn_fraction, config).document or {}
-        table = {"version": 1, **found, "characteristic_time_s": float(horizon_s)}
+    policy's are; ``horizon_s`` replaces the table's horizon, as given)."""
     index = _index(trace, capacity_blocks, table, learn_fraction, config)
+    if horizon_s is not None:
+        index = PriorityIndex(index.document, horizon_s=horizon_s)
     labels, turns, times = intent_labels(trace), trace.turn.tolist(), trace.timestamp.tolist()
     sizes = _sizes(trace, size)
 

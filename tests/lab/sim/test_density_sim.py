@@ -201,15 +201,24 @@ def test_learned_table_carries_the_forecasts_characteristic_time() -> None:
     small, large = (learn_table(trace, 0.2, capacity_blocks=n) for n in (100, 5000))
     assert 0 < small["characteristic_time_s"] < large["characteristic_time_s"]
     assert learn_table(trace, 0.2)["characteristic_time_s"] is None
-    # The horizon option replaces the learned one, floored as the index floors it.
+    # The horizon option replaces the learned one, as given; a table's own is floored.
     hits = [
         density_block(trace, 300, table=small, horizon_s=h).tolist() for h in (60.0, 3600.0)
     ]  # fmt: skip
     assert hits[0] != hits[1]
-    assert np.array_equal(
+    assert not np.array_equal(
         density_block(trace, 300, table=small, horizon_s=1.0),
         density_block(trace, 300, table=small, horizon_s=60.0),
     )
+    assert np.array_equal(
+        density_block(trace, 300, table={**small, "characteristic_time_s": 1.0}),
+        density_block(trace, 300, table=small, horizon_s=60.0),
+    )
+    assert PriorityIndex(small, horizon_s=1.0).horizon_s == 1.0
+    assert PriorityIndex({**small, "characteristic_time_s": 1.0}).horizon_s == 60.0
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="horizon_s must be a finite number of seconds > 0"):
+            PriorityIndex(small, horizon_s=bad)
 
 
 @pytest.mark.parametrize(("shared_p", "prefix_hits"), [(0.99, 2), (0.01, 1)])
