@@ -140,6 +140,8 @@ def gaps_from_stored(stored: list) -> list[float | int]:  # type: ignore[type-ar
     buckets still in the store after an upgrade)."""
     if stored and isinstance(stored[0], list):
         return [value for gap_s, blocks in stored for value in (float(gap_s), int(blocks))]
+    if len(stored) % 2:
+        raise ValueError(f"shared gaps: {len(stored)} values, not (gap_s, blocks) pairs")
     return [float(value) if i % 2 == 0 else int(value) for i, value in enumerate(stored)]
 
 

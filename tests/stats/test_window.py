@@ -71,3 +71,8 @@ def test_stored_gaps_read_flat_from_either_form(pairs: list[tuple[float, int]]) 
         read = gaps_from_stored(stored)
         assert read == flat
         assert [type(v) for v in read] == [float, int] * len(pairs)
+
+
+def test_stored_gaps_that_do_not_pair_up_are_refused() -> None:
+    with pytest.raises(ValueError, match="shared gaps: 3 values, not"):
+        gaps_from_stored([1.5, 2, 3.0])
