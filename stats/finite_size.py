@@ -278,9 +278,14 @@ class FluctuationModel:
         R = np.broadcast_to(np.asarray(tagged_blocks, dtype=np.float64), W.shape)
         v = np.broadcast_to(np.asarray(hit_blocks, dtype=np.float64), W.shape)
         norm = base.L * base.A_R
+        order = np.argsort(W, kind="stable")
+        self._sorted_W, r2 = W[order], (R * R)[order]
+        self._c_r2w = np.concatenate(([0.0], np.cumsum(r2 * self._sorted_W)))
+        self._c_r2 = np.concatenate(([0.0], np.cumsum(r2)))
+        self._EB2 = EB2
         # Partial: the capacity from which revisit k starts to hit (its own size not counted).
         self._key_all = base.displacement(W) + (0.0 if partial else R)
-        self._sd_all = np.sqrt(np.maximum(self._variance(W, R, EB2), 0.0))
+        self._sd_all = self.displacement_sd(W)
         self._v_all = np.array(v)
         keep = v > 0  # revisits that reuse nothing do not move h
         self._key, self._sd, self._v = self._key_all[keep], self._sd_all[keep], self._v_all[keep]
@@ -292,19 +297,18 @@ class FluctuationModel:
             if len(groups) < self._key.size // 2:  # else the exact sum costs about as much
                 self.groups = groups
 
-    def _variance(
-        self, W: NDArray[np.float64], R: NDArray[np.float64], EB2: float
-    ) -> NDArray[np.float64]:
-        """v(W_k) = lam (E[B^2] W_k + (1/L) sum_j R_j^2 min(W_j, W_k)), blocks^2."""
+    def displacement_sd(self, delays_s: ArrayLike) -> NDArray[np.float64]:
+        """Standard deviation (blocks) of D(W), the blocks of the other conversations touched
+        in the last W seconds, at each delay W (s): the square root of
+        v(W) = lam (E[B^2] W + (1/L) sum_j R_j^2 min(W_j, W)) over this model's revisits j."""
+        W = np.asarray(delays_s, dtype=np.float64)
         b = self.base
-        if W.size == 0 or b.L <= 0:
+        if W.size == 0 or b.L <= 0 or self._sorted_W.size == 0:
             return np.zeros_like(W)
-        order = np.argsort(W, kind="stable")
-        ws, r2 = W[order], (R * R)[order]
-        c_r2w = np.concatenate(([0.0], np.cumsum(r2 * ws)))
-        c_r2 = np.concatenate(([0.0], np.cumsum(r2)))
-        k = np.searchsorted(ws, W, side="right")
-        return b.lam * (EB2 * W + (c_r2w[k] + (c_r2[-1] - c_r2[k]) * W) / b.L)
+        k = np.searchsorted(self._sorted_W, W, side="right")
+        c_r2w, c_r2 = self._c_r2w, self._c_r2
+        variance = b.lam * (self._EB2 * W + (c_r2w[k] + (c_r2[-1] - c_r2[k]) * W) / b.L)
+        return np.sqrt(np.maximum(variance, 0.0))
 
     @property
     def upper_bound(self) -> float:
