@@ -1,0 +1,331 @@
+"""Where the forecast's error on a trace comes from: each revisit's realized displacement.
+
+Block LRU is a stack algorithm (docs/validation.md, "Tiers"): the content a conversation's
+previous request left is still resident at its next request as long as fewer than N blocks
+were referenced since. For revisit k, with D_k the distinct blocks referenced between the two
+requests (realized, one number per revisit, whatever the capacity) and v_k the blocks it
+reuses of its own (in its previous request, referenced by no other conversation), its own hits
+are ``min(v_k, (N - D_k)^+)`` (the head of its previous request is its most recent block). The
+forecast replaces D_k by a Gaussian of mean d(W_k) and standard deviation s(W_k), from the
+window's statistics alone (``kvcast.stats.finite_size``, partial residency). So comparing, per
+revisit,
+
+- the simulator's own hits with the rule at the realized D_k (equal where the stack argument
+  holds: a check of this report, not of the forecast),
+- the realized D_k with d(W_k) (the forecast's mean displacement), and
+- the gross load between the two requests, G_k input blocks, with ``lambda_b W_k``
+  (``lambda_b = lambda0 A_R``, the sample's mean input blocks per second)
+
+says whether the forecast's error is in its mean, its spread or the cache's mechanics. The
+last column re-evaluates the forecast's own part with d scaled, per delay bin (powers of two
+seconds), by the load the bin's revisits saw, ``sum G_k / sum lambda_b W_k``: what the
+forecast would give if it knew when the revisits came, which the window's statistics do not
+say (an experiment, not a product mode); and the same with the ratios divided by their mean
+over every revisit's gap (``sum G_k / sum lambda_b W_k`` over all k), which a partition could
+measure without knowing its share of the load.
+
+``python -m kvcast.lab.reports.revisit_displacement [--trace F | --preset NAME] [--markdown
+F]`` prints the tables for a Mooncake-format trace (default: the synthetic trace in
+``data/traces/``) or a generated preset with block ids (as the tier validation generates it:
+its warm-up and tail included, since the trace is taken whole). 2 s on the trace, a few
+minutes on a preset.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kvcast.lab.reports.tier_validation import TierGrid
+from kvcast.lab.reports.workloads import (
+    DEFAULT_MOONCAKE,
+    ValidationWorkload,
+    agent_workload,
+    generated_workload,
+    mooncake_workload,
+)
+from kvcast.lab.sim.registry import get_policy
+from kvcast.lab.sim.trace import BlockHashes, SimTrace
+from kvcast.lab.workload.presets import AGENT_PRESETS, SHARING_PRESETS
+from kvcast.stats.estimators import shared_model
+from kvcast.stats.finite_size import FluctuationModel, _prefix_reused
+
+CAPACITIES = (1000, 2000, 4000, 8000, 16000)  # blocks
+
+
+@dataclass(frozen=True)
+class Revisits:
+    """Per revisit k of a trace (a request whose conversation made an earlier one): ``request``
+    (its index), ``delay_s`` W_k, ``own`` v_k (blocks), ``own_positions`` (where they sit in
+    the request), ``displacement`` D_k and ``load`` G_k (blocks)."""
+
+    request: NDArray[np.int64]
+    delay_s: NDArray[np.float64]
+    own: NDArray[np.float64]
+    own_positions: tuple[NDArray[np.int64], ...]
+    displacement: NDArray[np.float64]
+    load: NDArray[np.float64]
+
+    def select(self, keep: NDArray[np.bool_]) -> Revisits:
+        """The revisits where ``keep`` (one flag per revisit)."""
+        return Revisits(
+            self.request[keep],
+            self.delay_s[keep],
+            self.own[keep],
+            tuple(p for p, k in zip(self.own_positions, keep, strict=True) if k),
+            self.displacement[keep],
+            self.load[keep],
+        )
+
+
+def measure_revisits(trace: SimTrace) -> Revisits:
+    """One pass over the trace's requests in processing order (see the module docstring)."""
+    hashes = trace.block_hashes
+    if not isinstance(hashes, BlockHashes):
+        raise ValueError("the trace needs integer block ids for every request")
+    _, dense = np.unique(hashes.ids, return_inverse=True)
+    offsets = hashes.offsets
+    lengths = np.diff(offsets)
+    before = np.concatenate(([0], np.cumsum(lengths)))  # input blocks before request r
+    last_reference = np.full(int(dense.max()) + 1 if dense.size else 0, -1, dtype=np.int64)
+    owner = np.full(last_reference.size, -1, dtype=np.int64)  # first conversation; -2: shared
+    # Blocks whose latest reference is request j: D_k is their sum over the requests between.
+    latest = np.zeros(len(trace), dtype=np.int64)
+    previous: dict[int, int] = {}
+    rows: list[tuple[int, float, int, float, float]] = []
+    positions: list[NDArray[np.int64]] = []
+    for r in range(len(trace)):
+        conversation = int(trace.conversation[r])
+        ids = dense[offsets[r] : offsets[r + 1]]
+        p = previous.get(conversation)
+        if p is not None:
+            earlier = dense[offsets[p] : offsets[p + 1]]
+            common = min(ids.size, earlier.size)
+            same = ids[:common] == earlier[:common]
+            own = np.flatnonzero(same & (owner[ids[:common]] == conversation))
+            positions.append(own)
+            rows.append(
+                (
+                    r,
+                    float(trace.timestamp[r] - trace.timestamp[p]),
+                    own.size,
+                    float(latest[p + 1 : r].sum()),
+                    float(before[r] - before[p + 1]),
+                )
+            )
+        seen = owner[ids]
+        owner[ids] = np.where(seen == -1, conversation, np.where(seen == conversation, seen, -2))
+        distinct = np.unique(ids)
+        np.subtract.at(latest, last_reference[distinct][last_reference[distinct] >= 0], 1)
+        latest[r] += distinct.size
+        last_reference[distinct] = r
+        previous[conversation] = r
+    table = np.array(rows, dtype=np.float64).reshape(-1, 5)
+    return Revisits(
+        request=table[:, 0].astype(np.int64),
+        delay_s=table[:, 1],
+        own=table[:, 2],
+        own_positions=tuple(positions),
+        displacement=table[:, 3],
+        load=table[:, 4],
+    )
+
+
+@dataclass(frozen=True)
+class CapacityRow:
+    """Own hits and the whole hit ratio at one capacity, as shares of all input blocks."""
+
+    capacity_blocks: int
+    simulated_own: float
+    realized_rule_own: float
+    forecast_own: float
+    load_scaled_own: float
+    normalised_own: float
+    simulated: float
+    forecast: float
+
+    @property
+    def load_scaled(self) -> float:
+        """The forecast with its own part re-evaluated at the load-scaled displacement."""
+        return self.forecast + self.load_scaled_own - self.forecast_own
+
+    @property
+    def normalised(self) -> float:
+        """The same with the load ratios divided by their mean over every revisit's gap."""
+        return self.forecast + self.normalised_own - self.forecast_own
+
+
+@dataclass(frozen=True)
+class DelayRow:
+    lo_s: float
+    hi_s: float
+    revisits: int
+    realized: float
+    forecast: float
+    realized_spread: float  # standard deviation of D_k - d(W_k) over the bin (blocks)
+    forecast_spread: float  # the model's s(W_k), mean over the bin (blocks)
+    load_ratio: float
+
+
+@dataclass(frozen=True)
+class DisplacementReport:
+    delays: list[DelayRow]
+    capacities: list[CapacityRow]
+    tier_grid: tuple[tuple[int, ...], tuple[int, ...]]  # GPU and host capacities (blocks)
+
+    def at(self, capacity: int) -> CapacityRow:
+        return next(c for c in self.capacities if c.capacity_blocks == capacity)
+
+    def to_markdown(self) -> str:
+        lines = [
+            "| delay (s) | revisits | realized D, mean | forecast d(W), mean | D / d "
+            "| sd of D - d | forecast s(W) | load G / (lambda_b W) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for d in self.delays:
+            lines.append(
+                f"| {d.lo_s:g}-{d.hi_s:g} | {d.revisits} | {d.realized:,.0f} | {d.forecast:,.0f} "
+                f"| {d.realized / d.forecast:.3f} | {d.realized_spread:,.0f} "
+                f"| {d.forecast_spread:,.0f} | {d.load_ratio:.3f} |"
+            )
+        lines += [
+            "",
+            "| N (blocks) | own hits: simulated | rule at realized D | forecast | load-scaled "
+            "| whole: simulated | forecast | error | load-scaled | error | self-normalised error |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for c in self.capacities:
+            lines.append(
+                f"| {c.capacity_blocks:,} | {c.simulated_own:.4f} | {c.realized_rule_own:.4f} "
+                f"| {c.forecast_own:.4f} | {c.load_scaled_own:.4f} | {c.simulated:.4f} "
+                f"| {c.forecast:.4f} | {c.forecast - c.simulated:+.4f} | {c.load_scaled:.4f} "
+                f"| {c.load_scaled - c.simulated:+.4f} | {c.normalised - c.simulated:+.4f} |"
+            )
+        lines += [
+            "",
+            "| GPU | host | mode | host tier: simulated | forecast error | load-scaled error "
+            "| self-normalised |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for gpu in self.tier_grid[0]:
+            for host in self.tier_grid[1]:
+                for mode, lower in (("exclusive", gpu), ("inclusive", 0)):
+                    top, low = self.at(lower + host), self.at(gpu)
+                    sim = top.simulated - low.simulated
+                    fc = top.forecast - low.forecast
+                    scaled = top.load_scaled - low.load_scaled
+                    normalised = top.normalised - low.normalised
+                    lines.append(
+                        f"| {gpu:,} | {host:,} | {mode} | {sim:.4f} | {fc - sim:+.4f} "
+                        f"| {scaled - sim:+.4f} | {normalised - sim:+.4f} |"
+                    )
+        return "\n".join(lines)
+
+
+def _own_hits(revisits: Revisits, hits: NDArray[np.int64]) -> float:
+    """Blocks of the revisits' own reuse inside the simulator's hit prefix of each request."""
+    return float(
+        sum(
+            np.count_nonzero(positions < hits[r])
+            for r, positions in zip(revisits.request, revisits.own_positions, strict=True)
+        )
+    )
+
+
+def displacement_report(
+    workload: ValidationWorkload,
+    capacities: Sequence[int] = CAPACITIES,
+    gpu: Sequence[int] = TierGrid.gpu,
+    host: Sequence[int] = TierGrid.host,
+) -> DisplacementReport:
+    """The report for ``workload`` at ``capacities`` and the tier grid ``gpu`` x ``host``
+    (blocks): its trace taken whole, or its steady requests where it names them (``agent``,
+    whose statistics are those requests')."""
+    sample, trace = workload.sample, workload.trace
+    if sample.lambda0 is None:
+        raise ValueError("the sample has no conversation rate")
+    model = shared_model(sample, sample.lambda0, refinement="partial")
+    if not isinstance(model, FluctuationModel):
+        raise ValueError("the forecast is not the partial-residency model")
+    revisits = measure_revisits(trace)
+    measured = workload.steady_requests()
+    if measured is None:
+        measured = np.ones(len(trace), dtype=bool)
+    else:
+        revisits = revisits.select(measured[revisits.request])
+    W, v, D, G = revisits.delay_s, revisits.own, revisits.displacement, revisits.load
+    d, sd = model.base.displacement(W), model.displacement_sd(W)
+    total = sample.total()
+    blocks_per_s = sample.lambda0 * total.sum_R / total.conversations
+    bins = np.floor(np.log2(np.maximum(W, 0.5))).astype(np.int64)
+    keys, member = np.unique(bins, return_inverse=True)
+    ratio_of_bin = np.bincount(member, weights=G) / np.bincount(member, weights=blocks_per_s * W)
+    delays = [
+        DelayRow(
+            lo_s=0.0 if key < 0 else float(2.0**key),
+            hi_s=float(2.0 ** (key + 1)),
+            revisits=int(np.count_nonzero(member == i)),
+            realized=float(D[member == i].mean()),
+            forecast=float(d[member == i].mean()),
+            realized_spread=float((D - d)[member == i].std()),
+            forecast_spread=float(sd[member == i].mean()),
+            load_ratio=float(ratio_of_bin[i]),
+        )
+        for i, key in enumerate(keys)
+    ]
+    scaled = d * ratio_of_bin[member]
+    normalised = scaled * float(np.sum(blocks_per_s * W) / np.sum(G))
+    input_blocks = float(trace.blocks[measured].sum())
+    lru = get_policy("lru", "block")
+    wanted = sorted({*capacities, *gpu, *host} | {g + h for g in gpu for h in host})
+    rows = []
+    for n in wanted:
+        hits = np.asarray(lru(trace, n))
+        rows.append(
+            CapacityRow(
+                capacity_blocks=n,
+                simulated_own=_own_hits(revisits, hits) / input_blocks,
+                realized_rule_own=float(np.minimum(v, np.maximum(n - D, 0.0)).sum()) / input_blocks,
+                forecast_own=float(_prefix_reused(n - d, sd, v).sum()) / input_blocks,
+                load_scaled_own=float(_prefix_reused(n - scaled, sd, v).sum()) / input_blocks,
+                normalised_own=float(_prefix_reused(n - normalised, sd, v).sum()) / input_blocks,
+                simulated=float(hits[measured].sum()) / input_blocks,
+                forecast=float(model.hit_ratio(n)),
+            )
+        )
+    return DisplacementReport(delays, rows, (tuple(gpu), tuple(host)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--trace", default=str(DEFAULT_MOONCAKE), help="Mooncake-format JSONL")
+    source.add_argument(
+        "--preset",
+        choices=(*SHARING_PRESETS, *AGENT_PRESETS),
+        help="a generated preset as the tier validation generates it, instead of a trace",
+    )
+    parser.add_argument("--markdown", type=Path, help="also write the tables here")
+    args = parser.parse_args(argv)
+    grid = TierGrid()
+    if args.preset in AGENT_PRESETS:
+        gpu, host = grid.agent_gpu, grid.agent_host
+        report = displacement_report(agent_workload(grid.agent_duration_s), gpu, gpu, host)
+    elif args.preset is not None:
+        report = displacement_report(generated_workload(args.preset, grid))
+    else:
+        report = displacement_report(mooncake_workload(args.trace))
+    text = report.to_markdown()
+    print(text)
+    if args.markdown is not None:
+        args.markdown.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
