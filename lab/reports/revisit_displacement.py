@@ -17,12 +17,13 @@ revisit,
   (``lambda_b = lambda0 A_R``, the sample's mean input blocks per second)
 
 says whether the forecast's error is in its mean, its spread or the cache's mechanics. The
-last column re-evaluates the forecast's own part with d scaled, per delay bin (powers of two
-seconds), by the load the bin's revisits saw, ``sum G_k / sum lambda_b W_k``: what the
-forecast would give if it knew when the revisits came, which the window's statistics do not
-say (an experiment, not a product mode); and the same with the ratios divided by their mean
-over every revisit's gap (``sum G_k / sum lambda_b W_k`` over all k), which a partition could
-measure without knowing its share of the load.
+last columns re-evaluate the forecast's own part with d scaled, per delay bin (powers of two
+seconds), by the load the bin's revisits saw against a reference rate (``RESCALINGS``): what
+the forecast would give if it knew when the revisits came, which the window's statistics do
+not say (experiments, not product modes). Against the sample's mean load ``lambda_b``; against
+the same divided by its mean over every revisit's gap, and against the load of the 600 s
+before each revisit, two references one partition could measure without knowing its share of
+the load.
 
 ``python -m kvcast.lab.reports.revisit_displacement [--trace F | --preset NAME] [--markdown
 F]`` prints the tables for a Mooncake-format trace (default: the synthetic trace in
@@ -56,6 +57,12 @@ from kvcast.stats.estimators import shared_model
 from kvcast.stats.finite_size import FluctuationModel, _prefix_reused
 
 CAPACITIES = (1000, 2000, 4000, 8000, 16000)  # blocks
+TRAILING_S = 600.0  # the rate window's default (--rate-window)
+RESCALINGS = {
+    "load-scaled": "each delay bin's load against lambda_b = lambda0 A_R, the sample's mean load",
+    "self-normalised": "the same divided by its mean over every revisit's gap",
+    "trailing-rate": "against the input blocks per second of the 600 s before each revisit",
+}
 
 
 @dataclass(frozen=True)
@@ -144,20 +151,13 @@ class CapacityRow:
     simulated_own: float
     realized_rule_own: float
     forecast_own: float
-    load_scaled_own: float
-    normalised_own: float
     simulated: float
     forecast: float
+    rescaled_own: dict[str, float]  # per rescaling (RESCALINGS), the forecast's own part
 
-    @property
-    def load_scaled(self) -> float:
-        """The forecast with its own part re-evaluated at the load-scaled displacement."""
-        return self.forecast + self.load_scaled_own - self.forecast_own
-
-    @property
-    def normalised(self) -> float:
-        """The same with the load ratios divided by their mean over every revisit's gap."""
-        return self.forecast + self.normalised_own - self.forecast_own
+    def rescaled(self, name: str) -> float:
+        """The forecast with its own part re-evaluated at rescaling ``name``'s displacement."""
+        return self.forecast + self.rescaled_own[name] - self.forecast_own
 
 
 @dataclass(frozen=True)
@@ -187,6 +187,7 @@ class DisplacementReport:
             "| sd of D - d | forecast s(W) | load G / (lambda_b W) |",
             "|---|---|---|---|---|---|---|---|",
         ]
+        names = list(RESCALINGS)
         for d in self.delays:
             lines.append(
                 f"| {d.lo_s:g}-{d.hi_s:g} | {d.revisits} | {d.realized:,.0f} | {d.forecast:,.0f} "
@@ -195,36 +196,55 @@ class DisplacementReport:
             )
         lines += [
             "",
-            "| N (blocks) | own hits: simulated | rule at realized D | forecast | load-scaled "
-            "| whole: simulated | forecast | error | load-scaled | error | self-normalised error |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| N (blocks) | own hits: simulated | rule at realized D | forecast "
+            + "".join(f"| {n} " for n in names)
+            + "| whole: simulated | forecast error "
+            + "".join(f"| {n} error " for n in names)
+            + "|",
+            "|---|---|---|---|" + "---|" * (2 * len(names) + 2),
         ]
         for c in self.capacities:
             lines.append(
                 f"| {c.capacity_blocks:,} | {c.simulated_own:.4f} | {c.realized_rule_own:.4f} "
-                f"| {c.forecast_own:.4f} | {c.load_scaled_own:.4f} | {c.simulated:.4f} "
-                f"| {c.forecast:.4f} | {c.forecast - c.simulated:+.4f} | {c.load_scaled:.4f} "
-                f"| {c.load_scaled - c.simulated:+.4f} | {c.normalised - c.simulated:+.4f} |"
+                f"| {c.forecast_own:.4f} "
+                + "".join(f"| {c.rescaled_own[n]:.4f} " for n in names)
+                + f"| {c.simulated:.4f} | {c.forecast - c.simulated:+.4f} "
+                + "".join(f"| {c.rescaled(n) - c.simulated:+.4f} " for n in names)
+                + "|"
             )
         lines += [
             "",
-            "| GPU | host | mode | host tier: simulated | forecast error | load-scaled error "
-            "| self-normalised |",
-            "|---|---|---|---|---|---|---|",
+            "| GPU | host | mode | host tier: simulated | forecast error "
+            + "".join(f"| {n} error " for n in names)
+            + "|",
+            "|---|---|---|---|---|" + "---|" * len(names),
         ]
         for gpu in self.tier_grid[0]:
             for host in self.tier_grid[1]:
                 for mode, lower in (("exclusive", gpu), ("inclusive", 0)):
                     top, low = self.at(lower + host), self.at(gpu)
                     sim = top.simulated - low.simulated
-                    fc = top.forecast - low.forecast
-                    scaled = top.load_scaled - low.load_scaled
-                    normalised = top.normalised - low.normalised
+                    errors = [top.forecast - low.forecast - sim] + [
+                        top.rescaled(n) - low.rescaled(n) - sim for n in names
+                    ]
                     lines.append(
-                        f"| {gpu:,} | {host:,} | {mode} | {sim:.4f} | {fc - sim:+.4f} "
-                        f"| {scaled - sim:+.4f} | {normalised - sim:+.4f} |"
+                        f"| {gpu:,} | {host:,} | {mode} | {sim:.4f} "
+                        + "".join(f"| {e:+.4f} " for e in errors)
+                        + "|"
                     )
         return "\n".join(lines)
+
+
+def _trailing_rate(
+    trace: SimTrace, requests: NDArray[np.int64], window_s: float
+) -> NDArray[np.float64]:
+    """Input blocks per second over the ``window_s`` seconds before each of ``requests``
+    (over the time since the trace's first request, where that is shorter; at least 1 s)."""
+    before = np.concatenate(([0], np.cumsum(trace.blocks)))
+    now = trace.timestamp[requests]
+    first = np.searchsorted(trace.timestamp, now - window_s)
+    span = np.maximum(np.minimum(window_s, now - trace.timestamp[0]), 1.0)
+    return (before[requests] - before[first]) / span
 
 
 def _own_hits(revisits: Revisits, hits: NDArray[np.int64]) -> float:
@@ -278,8 +298,19 @@ def displacement_report(
         )
         for i, key in enumerate(keys)
     ]
-    scaled = d * ratio_of_bin[member]
-    normalised = scaled * float(np.sum(blocks_per_s * W) / np.sum(G))
+    # The load the revisits' gaps would have carried at each reference rate (blocks per s).
+    trailing = _trailing_rate(trace, revisits.request, TRAILING_S)
+    references = {
+        "load-scaled": np.full(W.size, blocks_per_s),
+        "self-normalised": np.full(
+            W.size, blocks_per_s * float(np.sum(G) / np.sum(blocks_per_s * W))
+        ),
+        "trailing-rate": trailing,
+    }
+    rescaled = {
+        name: d * (np.bincount(member, weights=G) / np.bincount(member, weights=rate * W))[member]
+        for name, rate in ((name, references[name]) for name in RESCALINGS)
+    }
     input_blocks = float(trace.blocks[measured].sum())
     lru = get_policy("lru", "block")
     wanted = sorted({*capacities, *gpu, *host} | {g + h for g in gpu for h in host})
@@ -292,10 +323,12 @@ def displacement_report(
                 simulated_own=_own_hits(revisits, hits) / input_blocks,
                 realized_rule_own=float(np.minimum(v, np.maximum(n - D, 0.0)).sum()) / input_blocks,
                 forecast_own=float(_prefix_reused(n - d, sd, v).sum()) / input_blocks,
-                load_scaled_own=float(_prefix_reused(n - scaled, sd, v).sum()) / input_blocks,
-                normalised_own=float(_prefix_reused(n - normalised, sd, v).sum()) / input_blocks,
                 simulated=float(hits[measured].sum()) / input_blocks,
                 forecast=float(model.hit_ratio(n)),
+                rescaled_own={
+                    name: float(_prefix_reused(n - scaled, sd, v).sum()) / input_blocks
+                    for name, scaled in rescaled.items()
+                },
             )
         )
     return DisplacementReport(delays, rows, (tuple(gpu), tuple(host)))
