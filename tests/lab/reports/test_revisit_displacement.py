@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvcast.lab.reports.revisit_displacement import displacement_report, measure_revisits
+from kvcast.lab.reports.revisit_displacement import displacement_report, main, measure_revisits
 from kvcast.lab.reports.workloads import DEFAULT_MOONCAKE, mooncake_workload
 from kvcast.lab.sim.trace import SimTrace
 
@@ -69,3 +69,17 @@ def test_knowing_the_revisits_load_brings_every_mooncake_tier_within_the_target(
                 errors_scaled.append(scaled - simulated)
     assert max(np.abs(errors_now)) > 0.02  # what the tier validation reports as missed
     assert max(np.abs(errors_scaled)) < 0.02
+
+
+def test_the_command_prints_and_writes_the_three_tables(tmp_path, capsys):
+    out = tmp_path / "displacement.md"
+    assert main(["--trace", str(DEFAULT_MOONCAKE), "--markdown", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert out.read_text() == printed
+    tables = printed.strip().split("\n\n")
+    assert [t.splitlines()[0].split(" | ")[0] for t in tables] == [
+        "| delay (s)",
+        "| N (blocks)",
+        "| GPU",
+    ]
+    assert "| 2,000 | 16,000 | exclusive |" in tables[2]
