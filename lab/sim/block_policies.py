@@ -50,7 +50,7 @@ from kvcast.lab.sim.block_cache import (
     flat_view,
     next_use_times,
 )
-from kvcast.lab.sim.policy_tables import RollingTable, intent_labels, learn_table
+from kvcast.lab.sim.policy_tables import RollingTable, intent_labels, table_index
 from kvcast.lab.sim.trace import SimTrace
 from kvcast.stats.config import StatsConfig
 
@@ -269,9 +269,7 @@ def iac_block(
 ) -> NDArray[np.int64]:
     """IAC with ``table``, or with a table learned from the first ``learn_fraction`` of the
     trace's conversations (by first-turn time; the default matches the 0.2 warm-up)."""
-    if table is None:
-        table = learn_table(trace, learn_fraction, config)
-    index = table if isinstance(table, PriorityIndex) else PriorityIndex(table)
+    index = table_index(trace, table, learn_fraction, config)
     return _run(trace, capacity_blocks, IAC(index, size), layout, progress)
 
 
@@ -306,12 +304,9 @@ def density_block(
     """The ``density`` policy with ``table``, or with a table (and its ``T_C`` at
     ``capacity_blocks``) learned from the first ``learn_fraction`` of the conversations;
     ``horizon_s`` replaces the table's horizon (s), as given: no floor."""
-    if table is None:
-        table = learn_table(trace, learn_fraction, config, capacity_blocks=capacity_blocks)
-    if horizon_s is not None:
-        doc = table.document if isinstance(table, PriorityIndex) else table
-        table = PriorityIndex(doc, horizon_s=horizon_s)
-    index = table if isinstance(table, PriorityIndex) else PriorityIndex(table)
+    index = table_index(
+        trace, table, learn_fraction, config, capacity_blocks=capacity_blocks, horizon_s=horizon_s
+    )
     return _run(trace, capacity_blocks, Density(index, size), layout, progress)
 
 

@@ -30,7 +30,7 @@ from numpy.typing import NDArray
 from kvcast.exporters.kit.ages import AGE_BUCKETS, age_bucket, flip_time
 from kvcast.exporters.kit.index import PriorityIndex
 from kvcast.lab.sim.block_policies import _sizes
-from kvcast.lab.sim.policy_tables import intent_labels, learn_table
+from kvcast.lab.sim.policy_tables import intent_labels, table_index
 from kvcast.lab.sim.trace import SimTrace
 from kvcast.stats.config import StatsConfig
 
@@ -95,18 +95,6 @@ def run_conversation_cache(trace: SimTrace, capacity_blocks: int, key: KeyFn) ->
     return np.asarray(out, dtype=np.int64)
 
 
-def _index(
-    trace: SimTrace,
-    capacity_blocks: int,
-    table: dict[str, Any] | PriorityIndex | None,
-    learn_fraction: float,
-    config: StatsConfig | None,
-) -> PriorityIndex:
-    if table is None:
-        table = learn_table(trace, learn_fraction, config, capacity_blocks=capacity_blocks)
-    return table if isinstance(table, PriorityIndex) else PriorityIndex(table)
-
-
 def iac_conversation(
     trace: SimTrace,
     capacity_blocks: int,
@@ -117,7 +105,7 @@ def iac_conversation(
     size: str = "block",
 ) -> NDArray[np.int64]:
     """Whole conversations evicted by the IAC tuple (table learned as ``iac`` block does)."""
-    index = _index(trace, capacity_blocks, table, learn_fraction, config)
+    index = table_index(trace, table, learn_fraction, config, capacity_blocks=capacity_blocks)
     labels, turns, times = intent_labels(trace), trace.turn.tolist(), trace.timestamp.tolist()
     sizes = _sizes(trace, size)
 
@@ -141,9 +129,9 @@ def density_conversation(
 ) -> NDArray[np.int64]:
     """Whole conversations evicted by hit density (table and ``T_C`` learned as the block
     policy's are; ``horizon_s`` replaces the table's horizon, as given)."""
-    index = _index(trace, capacity_blocks, table, learn_fraction, config)
-    if horizon_s is not None:
-        index = PriorityIndex(index.document, horizon_s=horizon_s)
+    index = table_index(
+        trace, table, learn_fraction, config, capacity_blocks=capacity_blocks, horizon_s=horizon_s
+    )
     labels, turns, times = intent_labels(trace), trace.turn.tolist(), trace.timestamp.tolist()
     sizes = _sizes(trace, size)
 

@@ -108,6 +108,27 @@ def learn_table(
     return table_document(snapshot, cfg, 1, characteristic_time_s=t_c)
 
 
+def table_index(
+    trace: SimTrace,
+    table: dict[str, Any] | PriorityIndex | None,
+    learn_fraction: float,
+    config: StatsConfig | None,
+    *,
+    capacity_blocks: float | None = None,
+    horizon_s: float | None = None,
+) -> PriorityIndex:
+    """A policy's index: ``table`` (a document or an index), or the one learned from the first
+    ``learn_fraction`` of the conversations (its ``T_C`` at ``capacity_blocks``, blocks);
+    ``horizon_s`` replaces density's horizon (s), as given. Builds one index."""
+    if table is None:
+        table = learn_table(trace, learn_fraction, config, capacity_blocks=capacity_blocks)
+    if isinstance(table, PriorityIndex):
+        if horizon_s is None:
+            return table
+        table = table.document
+    return PriorityIndex(table, horizon_s=horizon_s)
+
+
 def equal_table(p_continue: float = 0.5, median_reuse_s: float = 150.0) -> dict[str, Any]:
     """A table whose every state has the same priority (the defaults only)."""
     return {
