@@ -128,7 +128,7 @@ def _phi(z: NDArray[np.float64]) -> NDArray[np.float64]:
     return np.exp(-0.5 * z * z) / _SQRT_2PI
 
 
-def _prefix_reused(
+def prefix_reused(
     m: NDArray[np.float64], sd: NDArray[np.float64], v: NDArray[np.float64]
 ) -> NDArray[np.float64]:
     """``E[min(v, (m + sd Z)^+)] = G(m) - G(m - v)`` (blocks), written as
@@ -202,7 +202,7 @@ class RevisitGroups:
         second = self._curvature(m - v, sd, self.ss_dv, self.sp_dv)
         # Row sums, not a matrix product: BLAS rounds a row differently with other rows beside
         # it, and h(N) must not depend on which other capacities are asked with it.
-        return (_prefix_reused(m, sd, v) * self.count).sum(axis=1) + (first - second).sum(axis=1)
+        return (prefix_reused(m, sd, v) * self.count).sum(axis=1) + (first - second).sum(axis=1)
 
     def _curvature(
         self,
@@ -338,7 +338,7 @@ class FluctuationModel:
         for i in range(0, flat.size, step):
             z = flat[i : i + step, None] - self._key[None, :]
             if self.partial:
-                reused = _prefix_reused(z, self._sd[None, :], self._v[None, :])
+                reused = prefix_reused(z, self._sd[None, :], self._v[None, :])
                 out[i : i + step] = reused.sum(axis=1) / self._norm
                 continue
             with np.errstate(divide="ignore", invalid="ignore"):
@@ -365,7 +365,7 @@ class FluctuationModel:
         per-intent parts add up to ``hit_ratio`` (they differ by the grouping error)."""
         z = float(capacity) - self._key_all
         if self.partial:
-            reused = _prefix_reused(z, self._sd_all, self._v_all)
+            reused = prefix_reused(z, self._sd_all, self._v_all)
             total = float(reused.sum())
             if self.groups is not None and total > 0:
                 reused *= float(self.groups.reused(np.array([float(capacity)]))[0]) / total

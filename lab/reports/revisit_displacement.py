@@ -54,7 +54,7 @@ from kvcast.lab.sim.registry import get_policy
 from kvcast.lab.sim.trace import BlockHashes, SimTrace
 from kvcast.lab.workload.presets import AGENT_PRESETS, SHARING_PRESETS
 from kvcast.stats.estimators import shared_model
-from kvcast.stats.finite_size import FluctuationModel, _prefix_reused
+from kvcast.stats.finite_size import FluctuationModel, prefix_reused
 
 CAPACITIES = (1000, 2000, 4000, 8000, 16000)  # blocks
 TRAILING_S = 600.0  # the rate window's default (--rate-window)
@@ -284,7 +284,8 @@ def displacement_report(
     blocks_per_s = sample.lambda0 * total.sum_R / total.conversations
     bins = np.floor(np.log2(np.maximum(W, 0.5))).astype(np.int64)
     keys, member = np.unique(bins, return_inverse=True)
-    ratio_of_bin = np.bincount(member, weights=G) / np.bincount(member, weights=blocks_per_s * W)
+    gap_load = np.bincount(member, weights=G)  # per delay bin (blocks)
+    ratio_of_bin = gap_load / np.bincount(member, weights=blocks_per_s * W)
     delays = [
         DelayRow(
             lo_s=0.0 if key < 0 else float(2.0**key),
@@ -308,8 +309,8 @@ def displacement_report(
         "trailing-rate": trailing,
     }
     rescaled = {
-        name: d * (np.bincount(member, weights=G) / np.bincount(member, weights=rate * W))[member]
-        for name, rate in ((name, references[name]) for name in RESCALINGS)
+        name: d * (gap_load / np.bincount(member, weights=references[name] * W))[member]
+        for name in RESCALINGS
     }
     input_blocks = float(trace.blocks[measured].sum())
     lru = get_policy("lru", "block")
@@ -322,11 +323,11 @@ def displacement_report(
                 capacity_blocks=n,
                 simulated_own=_own_hits(revisits, hits) / input_blocks,
                 realized_rule_own=float(np.minimum(v, np.maximum(n - D, 0.0)).sum()) / input_blocks,
-                forecast_own=float(_prefix_reused(n - d, sd, v).sum()) / input_blocks,
+                forecast_own=float(prefix_reused(n - d, sd, v).sum()) / input_blocks,
                 simulated=float(hits[measured].sum()) / input_blocks,
                 forecast=float(model.hit_ratio(n)),
                 rescaled_own={
-                    name: float(_prefix_reused(n - scaled, sd, v).sum()) / input_blocks
+                    name: float(prefix_reused(n - scaled, sd, v).sum()) / input_blocks
                     for name, scaled in rescaled.items()
                 },
             )

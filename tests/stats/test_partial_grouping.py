@@ -17,8 +17,8 @@ from kvcast.stats.estimators import revisit_weights, sample_model
 from kvcast.stats.finite_size import (
     GROUP_MIN_REVISITS,
     FluctuationModel,
-    _prefix_reused,
     final_blocks_second_moment,
+    prefix_reused,
 )
 from kvcast.stats.meanfield import EmpiricalModel
 from kvcast.stats.sample import IntentMoments, WorkloadSample
@@ -33,7 +33,7 @@ def test_the_rounding_safe_form_is_the_gaussian_expectation(m: float, sd: float,
         return min(v, max(x, 0.0)) * stats.norm.pdf(x, m, sd)
 
     truth, _ = integrate.quad(reused, m - 12 * sd, m + 12 * sd, points=[0.0, v], limit=200)
-    got = _prefix_reused(np.array([m]), np.array([sd]), np.array([v]))
+    got = prefix_reused(np.array([m]), np.array([sd]), np.array([v]))
     assert float(got[0]) == pytest.approx(truth, abs=1e-6 * max(1.0, v))
 
 
