@@ -16,7 +16,8 @@ revisit,
 - the gross load between the two requests, G_k input blocks, with ``lambda_b W_k``
   (``lambda_b = lambda0 A_R``, the sample's mean input blocks per second)
 
-says whether the forecast's error is in its mean, its spread or the cache's mechanics. The
+says whether the forecast's error is in its mean, its spread or the cache's mechanics (with the
+load and the revisits per second over each fifth of the span, to see when they came). The
 last columns re-evaluate the forecast's own part with d scaled, per delay bin (powers of two
 seconds), by the load the bin's revisits saw against a reference rate (``RESCALINGS``): what
 the forecast would give if it knew when the revisits came, which the window's statistics do
@@ -173,16 +174,35 @@ class DelayRow:
 
 
 @dataclass(frozen=True)
+class PeriodRow:
+    """One fifth of the measured span: input blocks and revisits per second."""
+
+    start_s: float  # from the first measured request
+    end_s: float
+    blocks_per_s: float
+    revisits_per_s: float
+
+
+@dataclass(frozen=True)
 class DisplacementReport:
     delays: list[DelayRow]
     capacities: list[CapacityRow]
     tier_grid: tuple[tuple[int, ...], tuple[int, ...]]  # GPU and host capacities (blocks)
+    periods: list[PeriodRow]
 
     def at(self, capacity: int) -> CapacityRow:
         return next(c for c in self.capacities if c.capacity_blocks == capacity)
 
     def to_markdown(self) -> str:
         lines = [
+            "| period (s) | input blocks / s | revisits / s |",
+            "|---|---|---|",
+            *(
+                f"| {p.start_s:,.0f}-{p.end_s:,.0f} | {p.blocks_per_s:,.0f} "
+                f"| {p.revisits_per_s:.2f} |"
+                for p in self.periods
+            ),
+            "",
             "| delay (s) | revisits | realized D, mean | forecast d(W), mean | D / d "
             "| sd of D - d | forecast s(W) | load G / (lambda_b W) |",
             "|---|---|---|---|---|---|---|---|",
@@ -245,6 +265,27 @@ def _trailing_rate(
     first = np.searchsorted(trace.timestamp, now - window_s)
     span = np.maximum(np.minimum(window_s, now - trace.timestamp[0]), 1.0)
     return (before[requests] - before[first]) / span
+
+
+def _periods(
+    trace: SimTrace, measured: NDArray[np.bool_], revisits: Revisits, parts: int = 5
+) -> list[PeriodRow]:
+    """Load and revisit rate over ``parts`` equal spans of the measured requests' times."""
+    times = trace.timestamp[measured]
+    edges = np.linspace(times.min(), times.max(), parts + 1)
+    slot = np.clip(np.searchsorted(edges, trace.timestamp, side="right") - 1, 0, parts - 1)
+    blocks = np.bincount(slot[measured], weights=trace.blocks[measured], minlength=parts)
+    comebacks = np.bincount(slot[revisits.request], minlength=parts)
+    width = float(edges[1] - edges[0]) or 1.0
+    return [
+        PeriodRow(
+            float(edges[i] - edges[0]),
+            float(edges[i + 1] - edges[0]),
+            float(blocks[i]) / width,
+            float(comebacks[i]) / width,
+        )
+        for i in range(parts)
+    ]
 
 
 def _own_hits(revisits: Revisits, hits: NDArray[np.int64]) -> float:
@@ -332,7 +373,9 @@ def displacement_report(
                 },
             )
         )
-    return DisplacementReport(delays, rows, (tuple(gpu), tuple(host)))
+    return DisplacementReport(
+        delays, rows, (tuple(gpu), tuple(host)), _periods(trace, measured, revisits)
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
