@@ -56,8 +56,8 @@ from kvcast.exporters.kit.index import PriorityIndex
 from kvcast.lab.reports.policy_report import default_workloads, write_between_markers
 from kvcast.lab.reports.policy_results import GAP_SHARE, Workload, gap_closed
 from kvcast.lab.sim.block_cache import BlockCache, BlockLayout, block_layout
-from kvcast.lab.sim.block_policies import Density, learn_table
-from kvcast.lab.sim.policy_tables import history_mask, intent_labels
+from kvcast.lab.sim.block_policies import Density
+from kvcast.lab.sim.policy_tables import history_mask, intent_labels, learn_table
 from kvcast.lab.sim.registry import measure, simulate
 from kvcast.lab.sim.trace import SimTrace
 
