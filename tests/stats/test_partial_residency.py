@@ -96,3 +96,18 @@ def test_big_contexts_hit_the_prefix_that_fits_as_block_level_lru_does() -> None
         assert float(partial.hit_ratio(capacity)) == pytest.approx(simulated, abs=0.02)
     # the all-or-nothing rule forecasts no hit at all where LRU hits one input block in five
     assert float(whole.hit_ratio(125)) == 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=revisits, queries=st.lists(st.floats(0.0, 800), min_size=1, max_size=10))
+def test_the_displacement_spread_is_campbells_at_any_delay(rows: list, queries: list) -> None:
+    """v(W) = lam (E[B^2] W + (1/L) sum_j R_j^2 min(W_j, W)), summed here revisit by revisit."""
+    W = np.array([w for w, _ in rows])
+    R = np.array([r for _, r in rows])
+    v = np.maximum(R - 1, 0)
+    lam, EB2 = 0.5, 900.0
+    base = EmpiricalModel(W, R, v, lam=lam, E_B=20.0, A_R=R.mean() + 20, L=len(rows))
+    model = FluctuationModel(base, W, v, R, EB2=EB2, partial=True)
+    for t in queries:
+        brute = lam * (EB2 * t + sum(r * r * min(w, t) for w, r in rows) / len(rows))
+        assert float(model.displacement_sd([t])[0]) == pytest.approx(np.sqrt(brute), rel=1e-9)
