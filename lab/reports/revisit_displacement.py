@@ -36,7 +36,7 @@ minutes on a preset.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +56,7 @@ from kvcast.lab.sim.trace import BlockHashes, SimTrace
 from kvcast.lab.workload.presets import AGENT_PRESETS, SHARING_PRESETS
 from kvcast.stats.estimators import shared_model
 from kvcast.stats.finite_size import FluctuationModel, prefix_reused
+from kvcast.stats.tiers import TIER_MODES, reach, tier_shares
 
 CAPACITIES = (1000, 2000, 4000, 8000, 16000)  # blocks
 TRAILING_S = 600.0  # the rate window's default (--rate-window)
@@ -190,8 +191,34 @@ class DisplacementReport:
     tier_grid: tuple[tuple[int, ...], tuple[int, ...]]  # GPU and host capacities (blocks)
     periods: list[PeriodRow]
 
-    def at(self, capacity: int) -> CapacityRow:
+    def at(self, capacity: float) -> CapacityRow:
         return next(c for c in self.capacities if c.capacity_blocks == capacity)
+
+    def host_tier(self) -> list[tuple[int, int, str, float, list[float]]]:
+        """Per point of the tier grid and mode: (GPU, host, mode, the host tier's simulated
+        share, its errors: the forecast's, then each rescaling's), the tiers' shares read off
+        the single-cache rows as the tiered forecast reads them (``tier_shares``)."""
+        columns: list[Callable[[CapacityRow], float]] = [
+            lambda c: c.simulated,
+            lambda c: c.forecast,
+            *(lambda c, n=name: c.rescaled(n) for name in RESCALINGS),
+        ]
+
+        def host_share(
+            column: Callable[[CapacityRow], float], gpu: int, host: int, mode: str
+        ) -> float:
+            def curve(caps: Sequence[float]) -> list[float]:
+                return [column(self.at(c)) for c in caps]
+
+            return tier_shares(curve, (gpu, host), mode)[1]
+
+        out = []
+        for gpu in self.tier_grid[0]:
+            for host in self.tier_grid[1]:
+                for mode in TIER_MODES:
+                    simulated, *others = (host_share(f, gpu, host, mode) for f in columns)
+                    out.append((gpu, host, mode, simulated, [x - simulated for x in others]))
+        return out
 
     def to_markdown(self) -> str:
         lines = [
@@ -239,19 +266,14 @@ class DisplacementReport:
             + "|",
             "|---|---|---|---|---|" + "---|" * len(names),
         ]
-        for gpu in self.tier_grid[0]:
-            for host in self.tier_grid[1]:
-                for mode, lower in (("exclusive", gpu), ("inclusive", 0)):
-                    top, low = self.at(lower + host), self.at(gpu)
-                    sim = top.simulated - low.simulated
-                    errors = [top.forecast - low.forecast - sim] + [
-                        top.rescaled(n) - low.rescaled(n) - sim for n in names
-                    ]
-                    lines.append(
-                        f"| {gpu:,} | {host:,} | {mode} | {sim:.4f} "
-                        + "".join(f"| {e:+.4f} " for e in errors)
-                        + "|"
-                    )
+        for gpu, host, mode, simulated, errors in self.host_tier():
+            lines.append(
+                f"| {gpu:,} | {host:,} | {mode} | {simulated:.4f} "
+                + "".join(f"| {e:+.4f} " for e in errors)
+                + "|"
+            )
+        lines += ["", "Rescalings of d(W) by each delay bin's load:"]
+        lines += [f"- {name}: {meaning}." for name, meaning in RESCALINGS.items()]
         return "\n".join(lines)
 
 
@@ -355,9 +377,13 @@ def displacement_report(
     }
     input_blocks = float(trace.blocks[measured].sum())
     lru = get_policy("lru", "block")
-    wanted = sorted({*capacities, *gpu, *host} | {g + h for g in gpu for h in host})
+    wanted = sorted(
+        {*capacities}
+        | {int(n) for g in gpu for h in host for mode in TIER_MODES for n in reach((g, h), mode)}
+    )
+    forecasts = model.hit_ratio(np.array(wanted, dtype=np.float64))
     rows = []
-    for n in wanted:
+    for n, forecast in zip(wanted, forecasts, strict=True):
         hits = np.asarray(lru(trace, n))
         rows.append(
             CapacityRow(
@@ -366,7 +392,7 @@ def displacement_report(
                 realized_rule_own=float(np.minimum(v, np.maximum(n - D, 0.0)).sum()) / input_blocks,
                 forecast_own=float(prefix_reused(n - d, sd, v).sum()) / input_blocks,
                 simulated=float(hits[measured].sum()) / input_blocks,
-                forecast=float(model.hit_ratio(n)),
+                forecast=float(forecast),
                 rescaled_own={
                     name: float(prefix_reused(n - scaled, sd, v).sum()) / input_blocks
                     for name, scaled in rescaled.items()
