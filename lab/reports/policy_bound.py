@@ -32,10 +32,11 @@ section 3).
 By default the bound runs where the gap target applies (LRU under half of the unlimited
 cache); ``--every-capacity`` runs it at every capacity of the report, for issue 33's target:
 ``density`` at least :data:`BOUND_SHARE` of the in-sample bound's hit ratio everywhere.
-``--workloads`` keeps the named workloads of the report's.
+``--workloads`` keeps the named workloads of the report's; ``--seed S`` generates its presets
+from another seed (Mooncake is one trace), to see how far a share moves with the draw.
 
 ``python -m kvcast.lab.reports.policy_bound [--warmup-law | --cross-fit K] [--every-capacity]
-[--workloads agent,mixed] [--markdown docs/policies.md] [--json]``.
+[--workloads agent,mixed] [--seed S] [--markdown docs/policies.md] [--json]``.
 """
 
 from __future__ import annotations
@@ -296,6 +297,12 @@ def main(argv: list[str] | None = None) -> int:
         "--markdown", metavar="FILE", help="also write the table into FILE between its markers"
     )
     parser.add_argument(
+        "--seed",
+        type=int,
+        metavar="S",
+        help="generate the report's presets from seed S (default: the report's, 7 and 3)",
+    )
+    parser.add_argument(
         "--cross-fit",
         type=int,
         default=1,
@@ -305,7 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cross_fit != 1 and (args.cross_fit < 2 or args.warmup_law):
         parser.error("--cross-fit takes K >= 2 folds, and not with --warmup-law")
-    workloads = default_workloads(args.quick)
+    if args.seed is not None and args.markdown:
+        parser.error("--seed draws other workloads than the doc's tables: not with --markdown")
+    workloads = default_workloads(args.quick, args.seed)
     if args.workloads:
         keep = args.workloads.split(",")
         unknown = set(keep) - {wl.name for wl in workloads}

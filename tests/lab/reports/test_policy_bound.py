@@ -159,3 +159,26 @@ def test_the_bounds_command_rejects_a_cross_fit_it_cannot_run(
         main(argv)
     assert exited.value.code == 2
     assert "--cross-fit takes K >= 2 folds, and not with --warmup-law" in capsys.readouterr().err
+
+
+def test_a_seed_draws_every_generated_workload_from_it_and_mooncake_stays_the_trace() -> None:
+    from kvcast.lab.reports.policy_report import default_workloads
+
+    report = {wl.name: wl.description for wl in default_workloads(quick=True)}
+    drawn = {wl.name: wl.description for wl in default_workloads(quick=True, seed=5)}
+    assert drawn.keys() == report.keys()
+    assert drawn["mooncake"] == report["mooncake"]
+    for name in drawn.keys() - {"mooncake"}:
+        assert "(seed 5)" in drawn[name], name
+        assert "(seed 5)" not in report[name], name
+
+
+def test_the_bounds_command_keeps_another_draw_out_of_the_docs_tables(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from kvcast.lab.reports.policy_bound import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--seed", "5", "--markdown", "docs/policies.md"])
+    assert exited.value.code == 2
+    assert "--seed draws other workloads than the doc's tables" in capsys.readouterr().err
