@@ -140,10 +140,10 @@ def default_workloads(quick: bool = False, seed: int | None = None) -> list[Work
     coding-agent presets (on their 1,024-token blocks), smaller under ``quick``; ``seed``
     generates every preset from that seed instead of the report's (7, and 3 for the agents)."""
     convs = 2000 if quick else 8000
-    chat_seed = 7 if seed is None else seed
-    out = [mooncake_workload(), generated_workload("mixed", conversations=convs, seed=chat_seed)]
+    preset_seed = 7 if seed is None else seed
+    out = [mooncake_workload(), generated_workload("mixed", conversations=convs, seed=preset_seed)]
     names = SHARING_PRESETS[-1:] if quick else SHARING_PRESETS
-    out += [generated_workload(name, conversations=convs // 2, seed=chat_seed) for name in names]
+    out += [generated_workload(name, conversations=convs // 2, seed=preset_seed) for name in names]
     # Agent conversations run ~45 requests of ~110 blocks: 150 of them are 12,538 requests,
     # 1.75 M block references (seed 3: the workload of issue 33's last round).
     agents, caps = (60, (250, 1000, 4000)) if quick else (150, None)
