@@ -347,8 +347,19 @@ def displacement_report(
     blocks_per_s = sample.lambda0 * total.sum_R / total.conversations
     bins = np.floor(np.log2(np.maximum(W, 0.5))).astype(np.int64)
     keys, member = np.unique(bins, return_inverse=True)
-    gap_load = np.bincount(member, weights=G)  # per delay bin (blocks)
-    ratio_of_bin = gap_load / np.bincount(member, weights=blocks_per_s * W)
+    # Per delay bin: the load the revisits' gaps carried (blocks) against the load they would
+    # have carried at each reference rate (blocks per s).
+    gap_load = np.bincount(member, weights=G)
+    references = {
+        "load-scaled": np.full(W.size, blocks_per_s),
+        "self-normalised": np.full(
+            W.size, blocks_per_s * float(np.sum(G) / np.sum(blocks_per_s * W))
+        ),
+        "trailing-rate": _trailing_rate(trace, revisits.request, TRAILING_S),
+    }
+    load_ratio = {
+        name: gap_load / np.bincount(member, weights=references[name] * W) for name in RESCALINGS
+    }
     delays = [
         DelayRow(
             lo_s=0.0 if key < 0 else float(2.0**key),
@@ -358,23 +369,11 @@ def displacement_report(
             forecast=float(d[member == i].mean()),
             realized_spread=float((D - d)[member == i].std()),
             forecast_spread=float(sd[member == i].mean()),
-            load_ratio=float(ratio_of_bin[i]),
+            load_ratio=float(load_ratio["load-scaled"][i]),
         )
         for i, key in enumerate(keys)
     ]
-    # The load the revisits' gaps would have carried at each reference rate (blocks per s).
-    trailing = _trailing_rate(trace, revisits.request, TRAILING_S)
-    references = {
-        "load-scaled": np.full(W.size, blocks_per_s),
-        "self-normalised": np.full(
-            W.size, blocks_per_s * float(np.sum(G) / np.sum(blocks_per_s * W))
-        ),
-        "trailing-rate": trailing,
-    }
-    rescaled = {
-        name: d * (gap_load / np.bincount(member, weights=references[name] * W))[member]
-        for name in RESCALINGS
-    }
+    rescaled = {name: d * ratio[member] for name, ratio in load_ratio.items()}
     input_blocks = float(trace.blocks[measured].sum())
     lru = get_policy("lru", "block")
     wanted = sorted(
